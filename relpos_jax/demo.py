@@ -19,10 +19,19 @@ ROPE_SCALINGS = {
     "rope": None,
     "rope+PI x4": {"rope_type": "linear", "factor": 4.0},
     "rope+NTK x4": {"rope_type": "ntk", "factor": 4.0},
-    "rope+dynNTK x4": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 512},
+    "rope+dynNTK x4": {
+        "rope_type": "dynamic",
+        "factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
     "rope+YaRN x4": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
-    "rope+llama3 x4": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
+    "rope+llama3 x4": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
 }
 
 

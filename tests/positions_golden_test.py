@@ -16,14 +16,22 @@ import pytest
 
 from relpos_jax import positions as P
 
-GOLDEN = json.loads((pathlib.Path(__file__).parent / "golden" / "positions_golden.json").read_text())
+GOLDEN = json.loads(
+    (pathlib.Path(__file__).parent / "golden" / "positions_golden.json").read_text()
+)
 
 
-@pytest.mark.parametrize("case", GOLDEN["t5"]["cases"], ids=lambda c: f"{c['bidirectional']}-{c['num_buckets']}")
+@pytest.mark.parametrize(
+    "case", GOLDEN["t5"]["cases"], ids=lambda c: f"{c['bidirectional']}-{c['num_buckets']}"
+)
 def test_t5_bucket_matches_t5(case):
     key_minus_query = np.asarray(GOLDEN["t5"]["key_minus_query"])
-    got = P.t5_bucket(jnp.asarray(-key_minus_query), bidirectional=case["bidirectional"],
-                      num_buckets=case["num_buckets"], max_distance=case["max_distance"])
+    got = P.t5_bucket(
+        jnp.asarray(-key_minus_query),
+        bidirectional=case["bidirectional"],
+        num_buckets=case["num_buckets"],
+        max_distance=case["max_distance"],
+    )
     np.testing.assert_array_equal(got, case["buckets"])
 
 
@@ -43,7 +51,10 @@ def test_alibi_slopes_match_authors(num_heads):
 @pytest.mark.parametrize("case", GOLDEN["rope_inv_freq"]["cases"], ids=lambda c: c["name"])
 def test_rope_inv_freq_matches_huggingface(case):
     inv_freq, attention_factor = P.rope_inv_freq(
-        case["head_dim"], case["base"], case["scaling"], case["seq_len"],
+        case["head_dim"],
+        case["base"],
+        case["scaling"],
+        case["seq_len"],
         partial_rotary_factor=case.get("partial_rotary_factor"),
     )
     np.testing.assert_allclose(inv_freq, case["inv_freq"], rtol=2e-6, atol=0)
@@ -57,7 +68,9 @@ def test_rope_inv_freq_traced_seq_len_matches_python_int():
     for case in GOLDEN["rope_inv_freq"]["cases"]:
         if case["seq_len"] is None:
             continue
-        traced = jax.jit(lambda s, c=case: P.rope_inv_freq(c["head_dim"], c["base"], c["scaling"], s)[0])
+        traced = jax.jit(
+            lambda s, c=case: P.rope_inv_freq(c["head_dim"], c["base"], c["scaling"], s)[0]
+        )
         np.testing.assert_allclose(traced(case["seq_len"]), case["inv_freq"], rtol=2e-6)
 
 

@@ -63,7 +63,9 @@ def test_shaw_key_logits(x64, rng, q_len, mem_len, shared_table):
     table = rng.normal(size=(2 * k + 1, head_dim) if shared_table else (2 * k + 1, heads, head_dim))
     q_pos, k_pos = _positions(q_len, mem_len, offset=5)
     want = ref.shaw_key_logits(q, table, q_pos, k_pos)
-    got = P.shaw_key_logits(jnp.asarray(q), jnp.asarray(table), jnp.asarray(q_pos), jnp.asarray(k_pos))
+    got = P.shaw_key_logits(
+        jnp.asarray(q), jnp.asarray(table), jnp.asarray(q_pos), jnp.asarray(k_pos)
+    )
     np.testing.assert_allclose(got, want, **TOL)
 
 
@@ -87,7 +89,9 @@ def test_shaw_arbitrary_positions(x64, rng):
     q = rng.normal(size=(1, 4, 2, 3))
     table = rng.normal(size=(9, 2, 3))
     want = ref.shaw_key_logits(q, table, q_pos, k_pos)
-    got = P.shaw_key_logits(jnp.asarray(q), jnp.asarray(table), jnp.asarray(q_pos), jnp.asarray(k_pos))
+    got = P.shaw_key_logits(
+        jnp.asarray(q), jnp.asarray(table), jnp.asarray(q_pos), jnp.asarray(k_pos)
+    )
     np.testing.assert_allclose(got, want, **TOL)
 
 
@@ -97,12 +101,22 @@ def test_t5_bias(x64, rng, q_len, mem_len, bidirectional):
     num_buckets, heads = 8, 3
     table = rng.normal(size=(num_buckets, heads))
     q_pos, k_pos = _positions(q_len, mem_len)
-    got = np.asarray(P.t5_bias(jnp.asarray(q_pos), jnp.asarray(k_pos), jnp.asarray(table),
-                               bidirectional=bidirectional, max_distance=6))
+    got = np.asarray(
+        P.t5_bias(
+            jnp.asarray(q_pos),
+            jnp.asarray(k_pos),
+            jnp.asarray(table),
+            bidirectional=bidirectional,
+            max_distance=6,
+        )
+    )
     for i, qp in enumerate(q_pos):
         for j, kp in enumerate(k_pos):
-            bucket = int(P.t5_bucket(qp - kp, bidirectional=bidirectional, num_buckets=num_buckets,
-                                     max_distance=6))
+            bucket = int(
+                P.t5_bucket(
+                    qp - kp, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=6
+                )
+            )
             np.testing.assert_array_equal(got[:, i, j], table[bucket])
 
 
@@ -114,13 +128,19 @@ def test_deberta_c2p_p2c(x64, rng, q_len, mem_len):
     pos_key = rng.normal(size=(2 * bucket_size, heads, head_dim))
     pos_query = rng.normal(size=(2 * bucket_size, heads, head_dim))
     q_pos, k_pos = _positions(q_len, mem_len)
-    index = np.asarray(P.deberta_index(jnp.asarray(q_pos), jnp.asarray(k_pos), bucket_size, max_position))
+    index = np.asarray(
+        P.deberta_index(jnp.asarray(q_pos), jnp.asarray(k_pos), bucket_size, max_position)
+    )
     np.testing.assert_allclose(
         P.deberta_c2p(jnp.asarray(q), jnp.asarray(pos_key), jnp.asarray(index)),
-        ref.gathered_logits(q, pos_key, index), **TOL)
+        ref.gathered_logits(q, pos_key, index),
+        **TOL,
+    )
     np.testing.assert_allclose(
         P.deberta_p2c(jnp.asarray(k), jnp.asarray(pos_query), jnp.asarray(index)),
-        ref.gathered_logits(k, pos_query, index, by_key=True), **TOL)
+        ref.gathered_logits(k, pos_query, index, by_key=True),
+        **TOL,
+    )
 
 
 def test_deberta_index_is_clipped_bucket(x64):
@@ -149,6 +169,11 @@ def test_apply_rope(x64, rng, interleaved, head_dim, rotary_pairs, attention_fac
     positions = np.array([0, 1, 7, 30, 1000])
     inv_freq = 1.0 / 10000.0 ** (np.arange(rotary_pairs) * 2 / (2 * rotary_pairs))
     want = ref.apply_rope(x, positions, inv_freq, attention_factor, interleaved)
-    got = P.apply_rope(jnp.asarray(x), jnp.asarray(positions), jnp.asarray(inv_freq),
-                       attention_factor, interleaved=interleaved)
+    got = P.apply_rope(
+        jnp.asarray(x),
+        jnp.asarray(positions),
+        jnp.asarray(inv_freq),
+        attention_factor,
+        interleaved=interleaved,
+    )
     np.testing.assert_allclose(got, want, **TOL)

@@ -24,7 +24,7 @@ def sinusoid(position: float, dim: int, base: float = 10000.0) -> np.ndarray:
 
 def rel_shift(x: np.ndarray) -> np.ndarray:
     """The contract: y[i, j] = x[i, j + Tq − 1 − i] for j ≤ i + Tk − Tq; NaN elsewhere."""
-    *lead, q_len, k_len = x.shape
+    q_len, k_len = x.shape[-2:]
     y = np.full(x.shape, np.nan)
     for i in range(q_len):
         for j in range(k_len):

@@ -29,7 +29,10 @@ def deberta_bucket(rel: jax.Array, bucket_size: int = 256, max_position: int = 5
     mid = bucket_size // 2
     if max_position <= mid + 1:
         _checks.fail(
-            "deberta_bucket", "max_position", max_position, f"it must exceed bucket_size/2 + 1 = {mid + 1}"
+            "deberta_bucket",
+            "max_position",
+            max_position,
+            f"it must exceed bucket_size/2 + 1 = {mid + 1}",
         )
     rel = jnp.asarray(rel, jnp.int32)
     sign = jnp.sign(rel)

@@ -50,10 +50,25 @@ _REQUIRED = {
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 _KNOWN_KEYS = frozenset(
-    {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor", "max_position_embeddings",
-     "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
-     "mscale_all_dim", "truncate", "low_freq_factor", "high_freq_factor", "short_factor",
-     "long_factor"}
+    {
+        "rope_type",
+        "type",
+        "rope_theta",
+        "partial_rotary_factor",
+        "factor",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+        "low_freq_factor",
+        "high_freq_factor",
+        "short_factor",
+        "long_factor",
+    }
 )
 
 
@@ -61,21 +76,34 @@ def _validated(scaling: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
     if scaling is None:
         return "default", {}
     if not isinstance(scaling, Mapping):
-        _checks.fail("rope_inv_freq", "scaling", scaling, "pass None or a dict like {'rope_type': 'yarn', ...}")
+        _checks.fail(
+            "rope_inv_freq",
+            "scaling",
+            scaling,
+            "pass None or a dict like {'rope_type': 'yarn', ...}",
+        )
     params = dict(scaling)
     unknown = sorted(set(params) - _KNOWN_KEYS)
     if unknown:
-        _checks.fail("rope_inv_freq", "scaling", unknown[0], f"known keys are {sorted(_KNOWN_KEYS)}")
+        _checks.fail(
+            "rope_inv_freq", "scaling", unknown[0], f"known keys are {sorted(_KNOWN_KEYS)}"
+        )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         _checks.fail("rope_inv_freq", "scaling['rope_type']", kind, f"use one of {ROPE_TYPES}")
     if kind in ("yarn", "longrope") and params.get("factor") is None:
         if "max_position_embeddings" not in params:
-            _checks.fail("rope_inv_freq", f"scaling (rope_type {kind})", "no 'factor'",
-                         "add 'factor' (or 'max_position_embeddings' to derive it)")
+            _checks.fail(
+                "rope_inv_freq",
+                f"scaling (rope_type {kind})",
+                "no 'factor'",
+                "add 'factor' (or 'max_position_embeddings' to derive it)",
+            )
     for key in _REQUIRED[kind]:
         if params.get(key) is None:
-            _checks.fail("rope_inv_freq", f"scaling['{key}']", None, f"rope_type '{kind}' needs '{key}'")
+            _checks.fail(
+                "rope_inv_freq", f"scaling['{key}']", None, f"rope_type '{kind}' needs '{key}'"
+            )
     if kind != "default" and params.get("factor") is not None:
         _checks.positive_float("rope_inv_freq", "scaling['factor']", params["factor"])
     return kind, params
@@ -101,11 +129,15 @@ def _yarn(dim: int, base: float, p: dict[str, Any]) -> tuple[jax.Array, float]:
     attention_factor = p.get("attention_factor")
     if attention_factor is None:
         if p.get("mscale") and p.get("mscale_all_dim"):
-            attention_factor = get_mscale(factor, p["mscale"]) / get_mscale(factor, p["mscale_all_dim"])
+            attention_factor = get_mscale(factor, p["mscale"]) / get_mscale(
+                factor, p["mscale_all_dim"]
+            )
         else:
             attention_factor = get_mscale(factor)
 
-    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times in L₀
+    def correction_dim(
+        rotations: float,
+    ) -> float:  # the dimension that turns `rotations` times in L₀
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     low, high = correction_dim(p.get("beta_fast") or 32), correction_dim(p.get("beta_slow") or 1)
@@ -117,7 +149,9 @@ def _yarn(dim: int, base: float, p: dict[str, Any]) -> tuple[jax.Array, float]:
     ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp  # 1: keep the original frequency (fast dims), 0: interpolate
     pos_freqs = base ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (
+        1.0 / pos_freqs
+    ) * extrapolation
     return inv_freq, float(attention_factor)
 
 
@@ -137,12 +171,18 @@ def _longrope(dim: int, base: float, p: dict[str, Any], seq_len: Any) -> tuple[j
     original = p["original_max_position_embeddings"]
     for key in ("short_factor", "long_factor"):
         if len(p[key]) != dim // 2:
-            _checks.fail("rope_inv_freq", f"scaling['{key}']", f"length {len(p[key])}",
-                         f"give one factor per rotary pair ({dim // 2})")
+            _checks.fail(
+                "rope_inv_freq",
+                f"scaling['{key}']",
+                f"length {len(p[key])}",
+                f"give one factor per rotary pair ({dim // 2})",
+            )
     factor = _factor(p)
     attention_factor = p.get("attention_factor")
     if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        attention_factor = (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
     short = jnp.asarray(p["short_factor"], jnp.float32)
     long = jnp.asarray(p["long_factor"], jnp.float32)
     ext = short if seq_len is None else jnp.where(jnp.asarray(seq_len) > original, long, short)
@@ -171,15 +211,21 @@ def rope_inv_freq(
         _checks.fail("rope_inv_freq", "partial_rotary_factor", fraction, "use a value in (0, 1]")
     dim = int(head_dim * fraction)
     if dim < 2 or dim % 2:
-        _checks.fail("rope_inv_freq", "head_dim", head_dim,
-                     f"the rotary dim head_dim·{fraction} = {dim} must be even and ≥ 2; use an even head_dim")
+        _checks.fail(
+            "rope_inv_freq",
+            "head_dim",
+            head_dim,
+            f"the rotary dim head_dim·{fraction} = {dim} must be even and ≥ 2; use an even head_dim",
+        )
     if kind == "default":
         return _default_inv_freq(dim, base), 1.0
     if kind == "linear":
         return _default_inv_freq(dim, base) / p["factor"], 1.0
     if kind == "ntk":
         if dim <= 2:
-            _checks.fail("rope_inv_freq", "head_dim", head_dim, "NTK scaling needs a rotary dim > 2")
+            _checks.fail(
+                "rope_inv_freq", "head_dim", head_dim, "NTK scaling needs a rotary dim > 2"
+            )
         return _default_inv_freq(dim, base * p["factor"] ** (dim / (dim - 2))), 1.0
     if kind == "dynamic":
         factor, original = p["factor"], p["original_max_position_embeddings"]
@@ -214,8 +260,12 @@ def apply_rope(
     _checks.ndim("apply_rope", "x", x, tuple(range(3, 9)), "[..., T, heads, head_dim]")
     half = inv_freq.shape[-1]
     if 2 * half > x.shape[-1]:
-        _checks.fail("apply_rope", "inv_freq.shape", inv_freq.shape,
-                     f"at most head_dim/2 = {x.shape[-1] // 2} frequencies fit this x")
+        _checks.fail(
+            "apply_rope",
+            "inv_freq.shape",
+            inv_freq.shape,
+            f"at most head_dim/2 = {x.shape[-1] // 2} frequencies fit this x",
+        )
     compute = jnp.promote_types(x.dtype, jnp.float32)  # bf16 in, float32 math; float64 stays
     angles = jnp.asarray(positions, compute)[..., None] * inv_freq.astype(compute)
     cos = (jnp.cos(angles) * attention_factor)[..., None, :]  # [..., T, 1, R/2]

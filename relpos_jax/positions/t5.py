@@ -27,7 +27,9 @@ def t5_bucket(
     bucket = jnp.zeros_like(rel)
     if bidirectional:
         if num_buckets < 4 or num_buckets % 2:
-            _checks.fail("t5_bucket", "num_buckets", num_buckets, "bidirectional needs an even count ≥ 4")
+            _checks.fail(
+                "t5_bucket", "num_buckets", num_buckets, "bidirectional needs an even count ≥ 4"
+            )
         num_buckets //= 2
         bucket = jnp.where(rel < 0, num_buckets, 0)  # keys in the future use the upper half
         distance = jnp.abs(rel)
@@ -38,7 +40,10 @@ def t5_bucket(
     max_exact = num_buckets // 2
     if max_distance <= max_exact:
         _checks.fail(
-            "t5_bucket", "max_distance", max_distance, f"it must exceed the {max_exact} exact buckets"
+            "t5_bucket",
+            "max_distance",
+            max_distance,
+            f"it must exceed the {max_exact} exact buckets",
         )
     safe = jnp.maximum(distance, 1).astype(jnp.float32)  # log(0) never reaches the output
     log_ratio = jnp.log(safe / max_exact) / math.log(max_distance / max_exact)

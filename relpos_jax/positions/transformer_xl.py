@@ -67,7 +67,9 @@ def position_logits(
     _checks.ndim("position_logits", "r_KNH", r_KNH, 3, "[k_len, heads, head_dim]")
     if r_KNH.shape[0] < q_BQNH.shape[1]:
         _checks.fail(
-            "position_logits", "r_KNH.shape[0]", r_KNH.shape[0],
+            "position_logits",
+            "r_KNH.shape[0]",
+            r_KNH.shape[0],
             f"the window must hold at least the {q_BQNH.shape[1]} queries (k_len = mem + q_len)",
         )
     if v_NH is not None:
