@@ -1,0 +1,1 @@
+"""Python config files (big_vision style): each defines ``get_config() -> ConfigDict``."""

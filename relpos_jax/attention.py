@@ -1,0 +1,128 @@
+"""Multi-head attention over a memory window, where the position scheme is a choice.
+
+A segment of T queries attends to K = M + T keys: M memory slots, then the segment itself. The
+scheme plugs in through the hooks it needs; every hook sees explicit positions of queries and keys
+(``rel = q_pos − k_pos``), which is why every scheme is correct across the memory boundary:
+
+=================  ======================================================================
+hook               schemes
+=================  ======================================================================
+input embedding    sinusoid, learned (added by the model, not here)
+rotate q and k     rope (keys rotated by their own positions, memory included)
+logit bias         alibi, t5 (``[N, T, K]``, built once per forward by the model)
+content x position txl (``(q + v)·W_R·R`` via rel_shift, plus ``u·k``), shaw key side,
+                   deberta c2p + p2c
+value side         shaw
+=================  ======================================================================
+
+Transformer-XL: ``A_ij = (q_i + u)ᵀk_j + (q_i + v)ᵀ W_R R_{i−j}``, scaled by 1/√d_head, u and v global
+(shared by all layers, or per layer with ``untie_r``). DeBERTa scales by 1/√(3·d_head).
+Legend: B batch, T queries, M memory, K = M + T keys, N heads, H head dim, D model dim, R table rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from relpos_jax import positions as P
+from relpos_jax.config import ModelConfig
+
+
+class PositionContext(NamedTuple):
+    """What every layer needs about positions, built once per forward pass by the model."""
+
+    q_pos: jax.Array  # [T] int
+    k_pos: jax.Array  # [K] int
+    mask: jax.Array  # [T, K] bool: may query t attend to key k
+    bias: jax.Array | None = None  # [N, T, K] alibi / t5
+    r_KD: jax.Array | None = None  # txl: sinusoid of distances K − 1 … 0 (after dropout)
+    u: jax.Array | None = None  # txl shared content bias [N, H]
+    v: jax.Array | None = None  # txl shared position bias [N, H]
+    rel_RD: jax.Array | None = None  # deberta shared relative embeddings
+    rel_index: jax.Array | None = None  # deberta [T, K] rows of rel_RD
+    inv_freq: jax.Array | None = None  # rope
+    rope_factor: float = 1.0
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.position = cfg.position
+        self.rope_interleaved = cfg.rope_interleaved
+        self.scale = 1.0 / math.sqrt(h * (3 if cfg.position == "deberta" else 1))
+        self.w_q = _normal(rngs, (d, n, h), cfg.init_std)
+        self.w_kv = _normal(rngs, (d, 2, n, h), cfg.init_std)  # fused key/value projection
+        self.w_o = _normal(rngs, (n, h, d), cfg.init_std)
+        if cfg.position == "txl":
+            self.w_r = _normal(rngs, (d, n, h), cfg.init_std)
+            if cfg.untie_r:
+                self.u = _normal(rngs, (n, h), cfg.init_std)
+                self.v = _normal(rngs, (n, h), cfg.init_std)
+        if cfg.position == "shaw":
+            rows = 2 * cfg.shaw_max_distance + 1
+            self.table_k = _normal(rngs, (rows, h), cfg.init_std)
+            self.table_v = _normal(rngs, (rows, h), cfg.init_std)
+        self.dropatt = nnx.Dropout(cfg.dropatt, rngs=rngs)
+
+    def __call__(
+        self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext, *, deterministic: bool
+    ) -> jax.Array:
+        """Queries from ``x`` (the segment), keys and values from ``window`` (memory + segment)."""
+        dtype = x_BTD.dtype
+        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(dtype))
+        k, v = jnp.unstack(jnp.einsum("bkd,dsnh->sbknh", window_BKD, self.w_kv[...].astype(dtype)))
+        if self.position == "rope":
+            q = P.apply_rope(
+                q, ctx.q_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
+            )
+            k = P.apply_rope(
+                k, ctx.k_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
+            )
+
+        logits = self._content_and_position_logits(q, k, ctx)
+        logits = logits.astype(jnp.float32) * self.scale
+        if ctx.bias is not None:
+            logits = logits + ctx.bias
+        logits = jnp.where(ctx.mask, logits, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(logits, axis=-1)
+        weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
+
+        out = jnp.einsum("bnqk,bknh->bqnh", weights, v)
+        if self.position == "shaw":
+            out = out + P.shaw_value_output(
+                weights, self.table_v[...].astype(dtype), ctx.q_pos, ctx.k_pos
+            )
+        return jnp.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+
+    def _content_and_position_logits(self, q, k, ctx: PositionContext) -> jax.Array:
+        dtype = q.dtype
+        if self.position == "txl":
+            u = (self.u if hasattr(self, "u") else ctx.u)[...].astype(dtype)
+            v = (self.v if hasattr(self, "v") else ctx.v)[...].astype(dtype)
+            r_KNH = jnp.einsum("kd,dnh->knh", ctx.r_KD.astype(dtype), self.w_r[...].astype(dtype))
+            content = jnp.einsum("bqnh,bknh->bnqk", q + u, k)
+            return content + P.txl_position_logits(q, r_KNH, v)
+        content = jnp.einsum("bqnh,bknh->bnqk", q, k)
+        if self.position == "shaw":
+            return content + P.shaw_key_logits(
+                q, self.table_k[...].astype(dtype), ctx.q_pos, ctx.k_pos
+            )
+        if self.position == "deberta":
+            rel = ctx.rel_RD.astype(dtype)  # DeBERTa-v3 share_att_key: the content projections
+            pos_key = jnp.einsum("rd,dnh->rnh", rel, self.w_kv[...][:, 0].astype(dtype))
+            pos_query = jnp.einsum("rd,dnh->rnh", rel, self.w_q[...].astype(dtype))
+            return (
+                content
+                + P.deberta_c2p(q, pos_key, ctx.rel_index)
+                + P.deberta_p2c(k, pos_query, ctx.rel_index)
+            )
+        return content

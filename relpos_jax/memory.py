@@ -1,0 +1,84 @@
+"""Segment-level recurrence (Transformer-XL section 3.2): memory as an explicit pytree.
+
+``Memory.states [L, B, M, D]`` holds, for each layer, the last M hidden states that entered that
+layer (the input of layer l, as in the paper); ``Memory.valid`` counts how many of the M slots have
+been written, so that the first segments attend to nothing that was never computed. Slots are
+right-aligned: the newest state is last. The update keeps the last M of concat(memory, new states)
+— in that order; the official code swaps the two in ``_update_mems``, which only shows with
+``ext_len > 0`` — under ``stop_gradient``: gradients never cross a segment boundary.
+
+``run_segments`` scans a model over a long stream with the memory as the ``jax.lax.scan`` carry.
+Legend: L layers, B batch, M memory slots, T segment length, S segments, D model dim, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Memory(NamedTuple):
+    states: jax.Array  # [L, B, M, D]
+    valid: jax.Array  # int32 scalar: how many of the M slots hold real states
+
+
+def init_mems(
+    n_layers: int, batch_size: int, mem_len: int, d_model: int, dtype=jnp.float32
+) -> Memory:
+    """Empty memory: M slots per layer, none of them valid yet."""
+    return Memory(
+        jnp.zeros((n_layers, batch_size, mem_len, d_model), dtype), jnp.zeros((), jnp.int32)
+    )
+
+
+def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
+    """Keep the last M states of concat(mems, inputs) per layer; no gradient flows back."""
+    seg_len = inputs_LBTD.shape[2]
+    mem_len = mems.states.shape[2]
+    window = jnp.concatenate([mems.states, inputs_LBTD.astype(mems.states.dtype)], axis=2)
+    states = jax.lax.stop_gradient(window[:, :, seg_len:])  # drop the oldest T: M remain
+    return Memory(states, jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32))
+
+
+def key_validity(mems: Memory, seg_len: int) -> jax.Array:
+    """``[M + T]`` bool: which keys of the window (memory slots, then the segment) hold states."""
+    mem_len = mems.states.shape[2]
+    slot = jnp.arange(mem_len + seg_len)
+    return slot >= mem_len - mems.valid
+
+
+def run_segments(
+    model: Any,
+    tokens: jax.Array,
+    mems: Memory,
+    *,
+    segment_len: int | None = None,
+    deterministic: bool = True,
+) -> tuple[jax.Array, Memory]:
+    """``jax.lax.scan`` of ``model`` over ``tokens [B, S·T]`` in S segments -> (logits [B, S·T, V], mems).
+
+    ``segment_len`` defaults to the memory length (Transformer-XL trains with segment = memory).
+    Equals calling the model segment by segment in a Python loop, compiled once.
+    """
+    batch, total = tokens.shape
+    seg_len = segment_len or mems.states.shape[2]
+    if not seg_len or total % seg_len:
+        raise ValueError(
+            f"run_segments: segment_len={segment_len!r} is invalid for {total} tokens with "
+            f"mem_len {mems.states.shape[2]}; pass segment_len=T with T dividing the stream length"
+        )
+    segments = tokens.reshape(batch, total // seg_len, seg_len).swapaxes(0, 1)  # [S, B, T]
+    graphdef, state = nnx.split(model)
+
+    def step(carry, segment):
+        state, mems = carry
+        module = nnx.merge(graphdef, state)
+        logits, mems = module(segment, mems, deterministic=deterministic)
+        return (nnx.state(module), mems), logits
+
+    (state, mems), logits = jax.lax.scan(step, (state, mems), segments)
+    nnx.update(model, state)
+    return logits.swapaxes(0, 1).reshape(batch, total, -1), mems

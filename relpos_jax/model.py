@@ -1,0 +1,222 @@
+"""``TransformerLM``: a Transformer language model with segment memory and any position scheme.
+
+The Transformer-XL layout (Dai et al. 2019): token embeddings scaled by √D, a stack of
+attention + feed-forward blocks (post-norm as in the paper, pre-norm as an option) whose attention
+reads the layer's memory, and a tied (or untied) output projection. With ``position`` in
+{sinusoid, learned} and ``mem_len`` 0 it is the vanilla Transformer baseline; absolute positions
+count from the start of each segment (a vanilla model has no notion of positions across segments).
+
+``model(tokens, mems) -> (logits, new_mems)``: state goes in and comes out; no hidden cache.
+Legend: B batch, T segment, M memory, K = M + T, L layers, D model dim, F feed-forward dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from relpos_jax import memory as memory_lib
+from relpos_jax import positions as P
+from relpos_jax.attention import Attention, PositionContext, _normal
+from relpos_jax.config import ModelConfig
+
+
+class FeedForward(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(cfg.init_std)
+        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, kernel_init=init, rngs=rngs)
+        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, kernel_init=init, rngs=rngs)
+        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+        hidden = self.drop(jax.nn.relu(self.up(x)), deterministic=deterministic)
+        return self.drop(self.down(hidden), deterministic=deterministic)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.pre_norm = cfg.pre_norm
+        self.attention = Attention(cfg, rngs=rngs)
+        self.feed_forward = FeedForward(cfg, rngs=rngs)
+        self.norm_attention = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
+        self.norm_feed_forward = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
+        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+    def __call__(self, x_BTD, mem_BMD, ctx: PositionContext, *, deterministic: bool) -> jax.Array:
+        window = jnp.concatenate([mem_BMD.astype(x_BTD.dtype), x_BTD], axis=1)
+        if self.pre_norm:
+            window = self.norm_attention(window)
+            attended = self.attention(
+                window[:, mem_BMD.shape[1] :], window, ctx, deterministic=deterministic
+            )
+            x = x_BTD + self.drop(attended, deterministic=deterministic)
+            return x + self.feed_forward(self.norm_feed_forward(x), deterministic=deterministic)
+        attended = self.attention(x_BTD, window, ctx, deterministic=deterministic)
+        x = self.norm_attention(x_BTD + self.drop(attended, deterministic=deterministic))
+        return self.norm_feed_forward(x + self.feed_forward(x, deterministic=deterministic))
+
+
+class TransformerLM(nnx.Module):
+    """Transformer LM with segment memory; ``model_config`` is ``config.model`` or a ModelConfig."""
+
+    def __init__(self, model_config: Any, *, rngs: nnx.Rngs):
+        cfg = self.config = ModelConfig.from_any(model_config)
+        d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.embed = nnx.Embed(
+            cfg.vocab_size, d, embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs
+        )
+        if cfg.position == "learned":
+            self.position_table = _normal(rngs, (cfg.max_len, d), cfg.init_std)
+        if cfg.position == "txl" and not cfg.untie_r:
+            self.u = _normal(rngs, (n, h), cfg.init_std)
+            self.v = _normal(rngs, (n, h), cfg.init_std)
+        if cfg.position == "t5":  # one bias table shared by all layers, as in T5
+            self.t5_table = _normal(rngs, (cfg.t5_num_buckets, n), cfg.init_std)
+        if cfg.position == "deberta":  # shared relative embeddings, normalised as in DeBERTa-v2
+            self.rel_embed = _normal(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std)
+            self.rel_norm = nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs)
+        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        if cfg.pre_norm:
+            self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.head = nnx.Linear(
+                d, cfg.vocab_size, kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs
+            )
+
+    def init_mems(
+        self, batch_size: int, mem_len: int | None = None, dtype=jnp.float32
+    ) -> memory_lib.Memory:
+        """Empty memory for a batch; ``mem_len`` defaults to the config's (evaluation may use more)."""
+        length = self.config.mem_len if mem_len is None else mem_len
+        if length < 0:
+            raise ValueError(f"init_mems: mem_len={length} is invalid; use 0 (no memory) or more")
+        return memory_lib.init_mems(
+            self.config.n_layers, batch_size, length, self.config.d_model, dtype
+        )
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        mems: memory_lib.Memory | None = None,
+        *,
+        deterministic: bool = True,
+        position_offset: int | jax.Array = 0,
+        attention_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, memory_lib.Memory]:
+        """One segment ``tokens [B, T]`` -> ``(logits [B, T, V], new_mems)``.
+
+        ``position_offset`` shifts every query and key position (relative schemes are invariant to
+        it); ``attention_mask [T, M + T]`` replaces the causal/memory mask (validity still applies).
+        """
+        if tokens.ndim != 2:
+            raise ValueError(
+                f"TransformerLM: tokens.shape={tokens.shape} is invalid; pass [batch, time] ints"
+            )
+        embeddings = self.embed(tokens) * math.sqrt(self.config.d_model)
+        return self.forward_embeddings(
+            embeddings,
+            mems,
+            deterministic=deterministic,
+            position_offset=position_offset,
+            attention_mask=attention_mask,
+        )
+
+    def forward_embeddings(
+        self,
+        x_BTD: jax.Array,
+        mems: memory_lib.Memory | None = None,
+        *,
+        deterministic: bool = True,
+        position_offset: int | jax.Array = 0,
+        attention_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, memory_lib.Memory]:
+        """The model from (scaled) token embeddings on: what the causality tests differentiate."""
+        cfg = self.config
+        batch, seg_len, _ = x_BTD.shape
+        if mems is None:
+            mems = self.init_mems(batch)
+        if mems.states.shape[0] != cfg.n_layers or mems.states.shape[1] != batch:
+            raise ValueError(
+                f"TransformerLM: mems.states.shape={mems.states.shape} is invalid; "
+                f"use model.init_mems({batch}) for {cfg.n_layers} layers and batch {batch}"
+            )
+        ctx = self._position_context(mems, seg_len, position_offset, attention_mask, deterministic)
+        x = self._add_absolute_positions(x_BTD, seg_len)
+        x = self.drop(x, deterministic=deterministic)
+        layer_inputs = []
+        for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
+            layer_inputs.append(x)
+            x = block(x, mem_BMD, ctx, deterministic=deterministic)
+        new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
+        if cfg.pre_norm:
+            x = self.final_norm(x)
+        x = self.drop(x, deterministic=deterministic)
+        logits = self.embed.attend(x) if cfg.tie_embeddings else self.head(x)
+        return logits.astype(jnp.float32), new_mems
+
+    def _add_absolute_positions(self, x_BTD: jax.Array, seg_len: int) -> jax.Array:
+        cfg = self.config
+        if cfg.position == "sinusoid":
+            return x_BTD + P.sinusoid(jnp.arange(seg_len), cfg.d_model).astype(x_BTD.dtype)
+        if cfg.position == "learned":
+            return x_BTD + P.learned_lookup(self.position_table[...], jnp.arange(seg_len)).astype(
+                x_BTD.dtype
+            )
+        return x_BTD
+
+    def _position_context(
+        self, mems, seg_len, offset, attention_mask, deterministic
+    ) -> PositionContext:
+        cfg = self.config
+        mem_len = mems.states.shape[2]
+        k_len = mem_len + seg_len
+        k_pos = jnp.arange(k_len) + offset
+        q_pos = k_pos[mem_len:]
+        if attention_mask is None:
+            rel = q_pos[:, None] - k_pos[None, :]
+            mask = rel >= 0
+            if cfg.same_length:  # every query sees itself and the mem_len keys before it
+                mask = mask & (rel <= mem_len)
+        else:
+            if attention_mask.shape != (seg_len, k_len):
+                raise ValueError(
+                    f"TransformerLM: attention_mask.shape={attention_mask.shape} is invalid; "
+                    f"pass [{seg_len}, {k_len}] (segment, memory + segment)"
+                )
+            mask = attention_mask
+        mask = mask & memory_lib.key_validity(mems, seg_len)[None, :]
+        fields: dict[str, Any] = {"q_pos": q_pos, "k_pos": k_pos, "mask": mask}
+        if cfg.position == "txl":
+            r = P.relative_sinusoid(k_len, cfg.d_model, cfg.clamp_len)
+            fields["r_KD"] = self.drop(r, deterministic=deterministic)
+            if not cfg.untie_r:
+                fields["u"], fields["v"] = self.u[...], self.v[...]
+        elif cfg.position == "alibi":
+            fields["bias"] = P.alibi_bias(q_pos, k_pos, P.alibi_slopes(cfg.n_heads))
+        elif cfg.position == "t5":
+            fields["bias"] = P.t5_bias(
+                q_pos,
+                k_pos,
+                self.t5_table[...],
+                bidirectional=False,
+                max_distance=cfg.t5_max_distance,
+            )
+        elif cfg.position == "deberta":
+            fields["rel_RD"] = self.rel_norm(self.rel_embed[...])
+            fields["rel_index"] = P.deberta_index(
+                q_pos, k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
+            )
+        elif cfg.position == "rope":
+            fields["inv_freq"], fields["rope_factor"] = P.rope_inv_freq(
+                cfg.head_dim,
+                cfg.rope_base,
+                cfg.rope_scaling,
+                seq_len=k_len,
+                partial_rotary_factor=cfg.rope_fraction,
+            )
+        return PositionContext(**fields)
