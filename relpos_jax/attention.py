@@ -89,10 +89,10 @@ class Attention(nnx.Module):
             )
 
         logits = self._content_and_position_logits(q, k, ctx)
-        logits = logits.astype(jnp.float32) * self.scale
+        logits = logits.astype(jnp.promote_types(dtype, jnp.float32)) * self.scale
         if ctx.bias is not None:
             logits = logits + ctx.bias
-        logits = jnp.where(ctx.mask, logits, jnp.finfo(jnp.float32).min)
+        logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
         weights = jax.nn.softmax(logits, axis=-1)
         weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
 

@@ -3,8 +3,12 @@
 The Transformer-XL layout (Dai et al. 2019): token embeddings scaled by √D, a stack of
 attention + feed-forward blocks (post-norm as in the paper, pre-norm as an option) whose attention
 reads the layer's memory, and a tied (or untied) output projection. With ``position`` in
-{sinusoid, learned} and ``mem_len`` 0 it is the vanilla Transformer baseline; absolute positions
-count from the start of each segment (a vanilla model has no notion of positions across segments).
+{sinusoid, learned} and ``mem_len`` 0 it is the vanilla Transformer baseline.
+
+Positions count from the oldest valid key of the attention window (memory, then segment): while the
+memory has room they are the positions in the stream (so generation with memory equals recomputing
+the context, for every scheme); once it is full, a segment's queries sit at ``M … M + T − 1``.
+Relative schemes see only differences, so for them the origin never matters.
 
 ``model(tokens, mems) -> (logits, new_mems)``: state goes in and comes out; no hidden cache.
 Legend: B batch, T segment, M memory, K = M + T, L layers, D model dim, F feed-forward dim, V vocab.
@@ -146,7 +150,7 @@ class TransformerLM(nnx.Module):
                 f"use model.init_mems({batch}) for {cfg.n_layers} layers and batch {batch}"
             )
         ctx = self._position_context(mems, seg_len, position_offset, attention_mask, deterministic)
-        x = self._add_absolute_positions(x_BTD, seg_len)
+        x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)
         layer_inputs = []
         for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
@@ -159,15 +163,15 @@ class TransformerLM(nnx.Module):
         logits = self.embed.attend(x) if cfg.tie_embeddings else self.head(x)
         return logits.astype(jnp.float32), new_mems
 
-    def _add_absolute_positions(self, x_BTD: jax.Array, seg_len: int) -> jax.Array:
+    def _add_absolute_positions(self, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
         cfg = self.config
         if cfg.position == "sinusoid":
-            return x_BTD + P.sinusoid(jnp.arange(seg_len), cfg.d_model).astype(x_BTD.dtype)
-        if cfg.position == "learned":
-            return x_BTD + P.learned_lookup(self.position_table[...], jnp.arange(seg_len)).astype(
-                x_BTD.dtype
-            )
-        return x_BTD
+            table = P.sinusoid(q_pos, cfg.d_model)
+        elif cfg.position == "learned":
+            table = P.learned_lookup(self.position_table[...], q_pos)
+        else:
+            return x_BTD
+        return x_BTD + table.astype(x_BTD.dtype)
 
     def _position_context(
         self, mems, seg_len, offset, attention_mask, deterministic
@@ -175,7 +179,8 @@ class TransformerLM(nnx.Module):
         cfg = self.config
         mem_len = mems.states.shape[2]
         k_len = mem_len + seg_len
-        k_pos = jnp.arange(k_len) + offset
+        origin = mem_len - mems.valid  # the oldest valid key sits at position 0 (+ offset)
+        k_pos = jnp.arange(k_len) - origin + offset
         q_pos = k_pos[mem_len:]
         if attention_mask is None:
             rel = q_pos[:, None] - k_pos[None, :]

@@ -125,3 +125,38 @@ def apply_rope(x, positions, inv_freq, attention_factor=1.0, interleaved=False):
                 pair = np.stack([x[..., t, n, a], x[..., t, n, b]])
                 out[..., t, n, a], out[..., t, n, b] = np.tensordot(rotation, pair, axes=1)
     return out
+
+
+def _softmax_row(scores, allowed):
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores[allowed].max())
+    return weights / weights.sum()
+
+
+def attention_layer(x, mem, w_q, w_k, w_v, w_o, score_fn, value_fn, allowed_fn):
+    """One multi-head attention layer over window = concat(mem, x), one (b, n, i, j) at a time.
+
+    score_fn(b, n, i, j, q_i, k_j) -> the pre-softmax score; value_fn(n, i, j) -> the vector added to
+    v_j (zero for most schemes); allowed_fn(i, j) -> may query i see key j. Window coordinates:
+    query i sits at M + i, key j at j.
+    """
+    window = np.concatenate([mem, x], axis=1)
+    batch, q_len, _ = x.shape
+    k_len = window.shape[1]
+    heads, head_dim = w_q.shape[1:]
+    out = np.zeros((batch, q_len, w_o.shape[-1]))
+    for b in range(batch):
+        for n in range(heads):
+            for i in range(q_len):
+                q_i = x[b, i] @ w_q[:, n]
+                scores = np.zeros(k_len)
+                allowed = np.array([allowed_fn(i, j) for j in range(k_len)])
+                for j in range(k_len):
+                    scores[j] = score_fn(b, n, i, j, q_i, window[b, j] @ w_k[:, n])
+                weights = _softmax_row(scores, allowed)
+                head_out = np.zeros(head_dim)
+                for j in range(k_len):
+                    if allowed[j]:
+                        head_out += weights[j] * (window[b, j] @ w_v[:, n] + value_fn(n, i, j))
+                out[b, i] += head_out @ w_o[n]
+    return out

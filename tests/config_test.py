@@ -1,0 +1,64 @@
+"""Config files load; bad model configuration is refused at construction with one clear line."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from flax import nnx
+
+from relpos_jax import ConfigError, ModelConfig, TransformerLM, load_config
+from relpos_jax.config import POSITIONS
+
+CONFIGS = sorted((pathlib.Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
+CONFIGS = [c for c in CONFIGS if c.name != "__init__.py"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_file_loads_and_validates(path):
+    config = load_config(path)
+    model = ModelConfig.from_any(config.model)
+    assert model.position in POSITIONS
+
+
+def test_scheme_configs_cover_every_position_scheme():
+    schemes = {load_config(path).model.position for path in CONFIGS}
+    assert schemes == set(POSITIONS)
+
+
+def test_txl_small_has_the_research_sizes():
+    model = ModelConfig.from_any(load_config(CONFIGS[0].parent / "txl_small.py").model)
+    assert (
+        model.n_layers,
+        model.d_model,
+        model.n_heads,
+        model.head_dim,
+        model.d_ff,
+        model.mem_len,
+    ) == (6, 256, 4, 64, 1024, 128)
+
+
+BAD = [
+    (dict(n_heads=3), "model.n_heads=3"),
+    (dict(position="transformer-xl"), "model.position='transformer-xl'"),
+    (dict(mem_len=-1), "model.mem_len=-1"),
+    (dict(clamp_len=0), "model.clamp_len=0"),
+    (dict(position="rope", d_head=63, n_heads=4), "model.d_head=63"),
+    (dict(position="rope", rope_scaling={"rope_type": "yarn"}), "model.rope_scaling"),
+    (dict(dropout=1.5), "model.dropout=1.5"),
+    (dict(n_layer=6), "model.n_layer=6"),
+    (dict(position="t5", t5_num_buckets=32, t5_max_distance=8), "model.t5_max_distance=8"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "names"), BAD, ids=[b[1] for b in BAD])
+def test_bad_model_config_is_refused_at_construction(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        TransformerLM(overrides, rngs=nnx.Rngs(0))
+    message = str(error.value)
+    assert message.startswith(names) and "\n" not in message and " is invalid; " in message, message
+
+
+def test_missing_config_file_is_one_line():
+    with pytest.raises(ConfigError, match=r"config='nope\.py' is invalid"):
+        load_config("nope.py")
