@@ -39,4 +39,45 @@ def get_config() -> ml_collections.ConfigDict:
     m.t5_max_distance = 128
     m.deberta_bucket_size = 256
     m.deberta_max_position = 512
+    m.dtype = "float32"  # compute dtype: float32 | bfloat16 (parameters stay float32)
+
+    c.data = d = ml_collections.ConfigDict()
+    d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | tfds:<name>
+    d.path = config_dict.placeholder(str)  # file or folder for text / enwik8 / text8
+    d.dir = config_dict.placeholder(
+        str
+    )  # where built datasets live (default ~/.cache/relpos_jax/tfds)
+    d.segment_len = 128  # tokens per training segment (tgt_len)
+    d.batch_size = 16  # rows, each a contiguous stream (global, over all processes)
+
+    c.train = t = ml_collections.ConfigDict()
+    t.steps = 1000
+    t.lr = 2.5e-4  # peak learning rate
+    t.warmup_steps = 0  # linear warm-up, then cosine decay to train.min_lr_ratio · lr
+    t.min_lr_ratio = 0.0
+    t.optimizer = "adam"  # adam | adamw
+    t.weight_decay = 0.0  # adamw only
+    t.b1 = 0.9
+    t.b2 = 0.999
+    t.clip = 0.25  # global gradient-norm clip (the paper's); 0 disables
+    t.grad_accum = 1  # split each batch into this many micro-batches (same result, less memory)
+    t.seed = 0
+    t.log_every = 50
+    t.eval_every = 500  # validation during training (0: only at the end)
+    t.eval_tokens = 131072  # validation tokens scored during training (0: the whole split)
+    t.ckpt_every = 500
+    t.keep_checkpoints = 3
+
+    c.eval = e = ml_collections.ConfigDict()
+    e.segment_len = config_dict.placeholder(int)  # None: data.segment_len
+    e.mem_len = config_dict.placeholder(int)  # None: model.mem_len
+    e.clamp_len = config_dict.placeholder(int)  # None: model.clamp_len
+    e.same_length = config_dict.placeholder(bool)  # None: model.same_length
+    e.batch_size = 16
+    e.lengths = ()  # evaluation segment lengths for sweeps (extrapolation)
+
+    c.mesh = ms = ml_collections.ConfigDict()
+    ms.data = -1  # device mesh axis sizes; -1 takes the devices left
+    ms.fsdp = 1
+    ms.tensor = 1
     return c

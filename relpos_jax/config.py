@@ -84,8 +84,11 @@ class ModelConfig:
     t5_max_distance: int = 128
     deberta_bucket_size: int = 256
     deberta_max_position: int = 512
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            fail("model.dtype", self.dtype, "use float32 or bfloat16")
         if self.position not in POSITIONS:
             fail("model.position", self.position, f"use one of {', '.join(POSITIONS)}")
         for name in (
@@ -165,19 +168,130 @@ class ModelConfig:
         """From a ConfigDict, a mapping, or a ModelConfig; unknown fields are refused."""
         if isinstance(config, cls):
             return config
-        if isinstance(config, ml_collections.ConfigDict):
-            config = config.to_dict()
-        if not isinstance(config, Mapping):
-            fail("model", type(config).__name__, "pass config.model (a ConfigDict) or a dict")
-        known = {f.name for f in dataclasses.fields(cls)}
-        for name in config:
-            if name not in known:
-                fail(
-                    f"model.{name}",
-                    config[name],
-                    f"not a model field; known fields: {sorted(known)}",
-                )
-        values = dict(config)
+        values = _section_values(cls, "model", config)
         if values.get("rope_scaling") is not None:
             values["rope_scaling"] = dict(values["rope_scaling"])
         return cls(**values)
+
+
+def _section_values(cls: type, section: str, config: Any) -> dict[str, Any]:
+    if isinstance(config, ml_collections.ConfigDict):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        fail(section, type(config).__name__, f"pass config.{section} (a ConfigDict) or a dict")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in config:
+        if name not in known:
+            fail(
+                f"{section}.{name}", config[name], f"not a {section} field; known: {sorted(known)}"
+            )
+    return dict(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    name: str = "pystdlib"
+    path: str | None = None
+    dir: str | None = None
+    segment_len: int = 128
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        known = ("pystdlib", "text", "enwik8", "text8")
+        if not isinstance(self.name, str) or not (
+            self.name in known or self.name.startswith("tfds:")
+        ):
+            fail("data.name", self.name, f"use one of {', '.join(known)} or tfds:<name>")
+        _check_int("data.segment_len", self.segment_len, 1)
+        _check_int("data.batch_size", self.batch_size, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 2.5e-4
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    clip: float = 0.25
+    grad_accum: int = 1
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 500
+    eval_tokens: int = 131072
+    ckpt_every: int = 500
+    keep_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "log_every", "grad_accum", "keep_checkpoints"):
+            _check_int(f"train.{name}", getattr(self, name), 1)
+        for name in ("warmup_steps", "eval_every", "eval_tokens", "ckpt_every", "seed"):
+            _check_int(f"train.{name}", getattr(self, name), 0)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not self.lr > 0:
+            fail("train.lr", self.lr, "use a positive learning rate such as 2.5e-4")
+        if self.optimizer not in ("adam", "adamw"):
+            fail("train.optimizer", self.optimizer, "use adam or adamw")
+        for name in ("min_lr_ratio", "b1", "b2"):
+            if not 0 <= getattr(self, name) <= 1:
+                fail(f"train.{name}", getattr(self, name), "use a value in [0, 1]")
+        for name in ("clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                fail(f"train.{name}", getattr(self, name), "use 0 (off) or a positive value")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    segment_len: int | None = None
+    mem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool | None = None
+    batch_size: int = 16
+    lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_int("eval.batch_size", self.batch_size, 1)
+        for name, low in (("segment_len", 1), ("mem_len", 0), ("clamp_len", 1)):
+            if getattr(self, name) is not None:
+                _check_int(f"eval.{name}", getattr(self, name), low)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("data", "fsdp", "tensor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+                fail(f"mesh.{name}", value, "use a positive axis size or -1 (the devices left)")
+
+
+SECTIONS = {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "mesh": MeshConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole run, validated: ``Config.from_any(load_config(path))``."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    eval: EvalConfig
+    mesh: MeshConfig
+
+    @classmethod
+    def from_any(cls, config: Any) -> Config:
+        if isinstance(config, cls):
+            return config
+        values = _section_values(cls, "config", config)
+        parsed = {
+            name: section(**_section_values(section, name, values.get(name, {})))
+            for name, section in SECTIONS.items()
+        }
+        parsed["eval"] = dataclasses.replace(parsed["eval"], lengths=tuple(parsed["eval"].lengths))
+        return cls(model=ModelConfig.from_any(values.get("model", {})), **parsed)

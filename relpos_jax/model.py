@@ -32,8 +32,8 @@ from relpos_jax.config import ModelConfig
 class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         init = nnx.initializers.normal(cfg.init_std)
-        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, kernel_init=init, rngs=rngs)
-        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, kernel_init=init, rngs=rngs)
+        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, kernel_init=init, dtype=cfg.dtype, rngs=rngs)
+        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, kernel_init=init, dtype=cfg.dtype, rngs=rngs)
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
@@ -46,8 +46,10 @@ class Block(nnx.Module):
         self.pre_norm = cfg.pre_norm
         self.attention = Attention(cfg, rngs=rngs)
         self.feed_forward = FeedForward(cfg, rngs=rngs)
-        self.norm_attention = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
-        self.norm_feed_forward = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
+        self.norm_attention = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)
+        self.norm_feed_forward = nnx.LayerNorm(
+            cfg.d_model, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs
+        )
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x_BTD, mem_BMD, ctx: PositionContext, *, deterministic: bool) -> jax.Array:
@@ -71,7 +73,11 @@ class TransformerLM(nnx.Module):
         cfg = self.config = ModelConfig.from_any(model_config)
         d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.embed = nnx.Embed(
-            cfg.vocab_size, d, embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs
+            cfg.vocab_size,
+            d,
+            embedding_init=nnx.initializers.normal(cfg.init_std),
+            dtype=cfg.dtype,
+            rngs=rngs,
         )
         if cfg.position == "learned":
             self.position_table = _normal(rngs, (cfg.max_len, d), cfg.init_std)
@@ -86,21 +92,29 @@ class TransformerLM(nnx.Module):
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         if cfg.pre_norm:
-            self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+            self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(
-                d, cfg.vocab_size, kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs
+                d,
+                cfg.vocab_size,
+                kernel_init=nnx.initializers.normal(cfg.init_std),
+                dtype=cfg.dtype,
+                rngs=rngs,
             )
 
     def init_mems(
-        self, batch_size: int, mem_len: int | None = None, dtype=jnp.float32
+        self, batch_size: int, mem_len: int | None = None, dtype=None
     ) -> memory_lib.Memory:
         """Empty memory for a batch; ``mem_len`` defaults to the config's (evaluation may use more)."""
         length = self.config.mem_len if mem_len is None else mem_len
         if length < 0:
             raise ValueError(f"init_mems: mem_len={length} is invalid; use 0 (no memory) or more")
         return memory_lib.init_mems(
-            self.config.n_layers, batch_size, length, self.config.d_model, dtype
+            self.config.n_layers,
+            batch_size,
+            length,
+            self.config.d_model,
+            dtype or self.config.dtype,
         )
 
     def __call__(

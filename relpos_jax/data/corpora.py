@@ -1,0 +1,140 @@
+"""Where the bytes come from: one function per corpus, each giving train / valid / test byte streams.
+
+* ``pystdlib`` — the embedded default: the running Python's standard-library sources (tests
+  excluded), split by file (about 90/5/5, by a stable hash of the relative path). Real, structured text
+  with long-range dependencies, on every machine, no download. The Python version is part of its name.
+* ``text`` — a file or a folder of ``.txt``-like files (``data.path``), split 90/5/5 by position.
+* ``enwik8`` / ``text8`` — the standard 90M/5M/5M split of the file (or its ``.zip``).
+* ``tfds:<name>`` — any TFDS text dataset (read by ``builders.py`` directly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Iterator
+
+SPLITS = ("train", "valid", "test")
+STANDARD_SPLIT = {"enwik8": 90_000_000, "text8": 90_000_000}  # train bytes; valid and test 5M each
+DOWNLOADS = {
+    "enwik8": "http://mattmahoney.net/dc/enwik8.zip",
+    "text8": "http://mattmahoney.net/dc/text8.zip",
+}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used; the message is one line naming the field and the fix."""
+
+
+def pystdlib_name() -> str:
+    return f"pystdlib_py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def _is_test_path(parts: tuple[str, ...]) -> bool:
+    return any(p in ("test", "tests", "idle_test") or p.startswith("test_") for p in parts)
+
+
+def pystdlib_files() -> list[pathlib.Path]:
+    """The standard library's ``.py`` files, sorted, without tests and installed packages."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if "site-packages" in parts or "dist-packages" in parts or _is_test_path(parts):
+            continue
+        files.append(path)
+    return files
+
+
+def _split_of(name: str) -> str:
+    bucket = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 100
+    return "train" if bucket < 90 else "valid" if bucket < 95 else "test"
+
+
+def pystdlib_split(split: str) -> Iterator[bytes]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    for path in pystdlib_files():
+        relative = path.relative_to(root).as_posix()
+        if _split_of(relative) == split:
+            yield f"# file: {relative}\n".encode() + path.read_bytes() + b"\n"
+
+
+def _text_files(path: pathlib.Path) -> list[pathlib.Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if files:
+            return files
+        raise DataError(
+            f"data.path={str(path)!r} is invalid; the folder holds no files, put text files in it"
+        )
+    raise DataError(
+        f"data.path={str(path)!r} is invalid; no such file or folder, pass a text file or folder"
+    )
+
+
+def _read(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise DataError(
+            f"data.path={str(path)!r} is invalid; cannot read it ({error.strerror}), fix its permissions"
+        ) from error
+
+
+def text_split(path: str | None, split: str) -> Iterator[bytes]:
+    if not path:
+        raise DataError(
+            "data.path=None is invalid; data.name=text needs --config.data.path=FILE_OR_FOLDER"
+        )
+    data = b"".join(_read(f) for f in _text_files(pathlib.Path(path).expanduser()))
+    n = len(data)
+    bounds = {
+        "train": (0, int(n * 0.9)),
+        "valid": (int(n * 0.9), int(n * 0.95)),
+        "test": (int(n * 0.95), n),
+    }
+    start, stop = bounds[split]
+    yield data[start:stop]
+
+
+def standard_split(name: str, path: str | None, split: str) -> Iterator[bytes]:
+    """enwik8 / text8: the first 90M bytes train, then 5M valid, 5M test (Transformer-XL's prep)."""
+    if not path or not pathlib.Path(path).expanduser().exists():
+        raise DataError(
+            f"data.path={path!r} is invalid; {name} is not bundled: download {DOWNLOADS[name]} and pass "
+            f"--config.data.path=/path/to/{name}.zip (or the unzipped file)"
+        )
+    file = pathlib.Path(path).expanduser()
+    if zipfile.is_zipfile(file):
+        with zipfile.ZipFile(file) as archive:
+            data = archive.read(archive.namelist()[0])
+    else:
+        data = _read(file)
+    train = STANDARD_SPLIT[name]
+    if len(data) < train + 2:
+        raise DataError(
+            f"data.path={str(file)!r} is invalid; {len(data):,} bytes is not {name} "
+            f"(expected about {train + 10_000_000:,}); download {DOWNLOADS[name]}"
+        )
+    valid_end = train + (len(data) - train) // 2
+    bounds = {"train": (0, train), "valid": (train, valid_end), "test": (valid_end, len(data))}
+    start, stop = bounds[split]
+    yield data[start:stop]
+
+
+def split_stream(name: str, path: str | None, split: str) -> Iterator[bytes]:
+    """Byte pieces whose concatenation is ``split`` of corpus ``name`` (not ``tfds:``)."""
+    if name == "pystdlib":
+        return pystdlib_split(split)
+    if name == "text":
+        return text_split(path, split)
+    if name in STANDARD_SPLIT:
+        return standard_split(name, path, split)
+    raise DataError(
+        f"data.name={name!r} is invalid; use pystdlib, text, enwik8, text8 or tfds:<name>"
+    )

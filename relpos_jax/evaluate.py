@@ -1,0 +1,131 @@
+"""Evaluation the way the paper does it: every token of a split scored exactly once, with memory.
+
+``evaluate(model, stream, ...)`` scans the split's rows segment by segment, the memory carried from
+one segment to the next (``eval.mem_len`` may be far longer than in training), and returns the mean
+loss in nats, bits per character (byte) and perplexity over exactly the scored tokens. Evaluation-time
+``clamp_len`` and ``same_length`` give a model that shares the trained parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from relpos_jax import data as data_lib
+from relpos_jax.config import Config, ConfigError, ModelConfig
+from relpos_jax.metrics import BITS_PER_NAT
+from relpos_jax.model import TransformerLM
+
+
+def eval_model_config(config: Config) -> ModelConfig:
+    """The model config with the evaluation overrides (clamp_len, same_length) applied."""
+    ev, model = config.eval, config.model
+    return dataclasses.replace(
+        model,
+        clamp_len=model.clamp_len if ev.clamp_len is None else ev.clamp_len,
+        same_length=model.same_length if ev.same_length is None else ev.same_length,
+    )
+
+
+def with_config(model: TransformerLM, model_config: ModelConfig) -> TransformerLM:
+    """The same parameters under another config that changes no shapes (clamp_len, same_length)."""
+    abstract = nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(abstract)
+    return nnx.merge(graphdef, nnx.state(model))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_step(graphdef, state, batch, mems):
+    model = nnx.merge(graphdef, state)
+    logits, mems = model(batch["inputs"], mems)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    return (losses * batch["weights"]).sum(), batch["weights"].sum(), mems
+
+
+def evaluate(
+    model: TransformerLM,
+    stream: data_lib.TokenStream,
+    *,
+    batch_size: int,
+    segment_len: int,
+    mem_len: int,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once."""
+    graphdef, state = nnx.split(model)
+    start = time.perf_counter()
+    total_loss, total_count, mems = 0.0, 0.0, None
+    for batch in data_lib.eval_batches(stream, batch_size, segment_len, max_tokens):
+        if mems is None:
+            mems = model.init_mems(batch["inputs"].shape[0], mem_len)
+        loss, count, mems = _eval_step(graphdef, state, batch, mems)
+        total_loss += float(loss)
+        total_count += float(count)
+    mean = total_loss / total_count
+    seconds = time.perf_counter() - start
+    return {
+        "loss": mean,
+        "bpc": mean * BITS_PER_NAT,
+        "ppl": math.exp(min(mean, 700.0)),
+        "tokens": int(total_count),
+        "tokens_per_sec": total_count / seconds,
+    }
+
+
+def evaluate_split(model: TransformerLM, config: Config, split: str, **overrides) -> dict[str, Any]:
+    """``evaluate`` on a split of ``config.data`` with the ``config.eval`` settings."""
+    stream = data_lib.open_split(
+        config.data.name, split, path=config.data.path, data_dir=config.data.dir
+    )
+    settings = dict(
+        batch_size=config.eval.batch_size,
+        segment_len=config.eval.segment_len or config.data.segment_len,
+        mem_len=config.model.mem_len if config.eval.mem_len is None else config.eval.mem_len,
+    )
+    settings.update(overrides)
+    eval_model = with_config(model, eval_model_config(config))
+    return evaluate(eval_model, stream, **settings)
+
+
+def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
+    """The model of the latest checkpoint in ``workdir`` (parameters only)."""
+    import pathlib
+
+    from relpos_jax.checkpoint import Checkpointer, latest_step
+    from relpos_jax.train import make_optimizer
+
+    cfg = Config.from_any(config)
+    directory = pathlib.Path(workdir) / "checkpoints"
+    step = latest_step(directory)
+    if step is None:
+        raise ConfigError(
+            f"workdir={str(workdir)!r} is invalid; it holds no checkpoint, train first "
+            "(python train.py --config ... --workdir ...)"
+        )
+    model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+    restored = Checkpointer(directory).restore_params(step, state)
+    model, _ = nnx.merge(graphdef, restored)
+    return model, cfg, step
+
+
+def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
+    settings = {
+        "segment_len": config.eval.segment_len or config.data.segment_len,
+        "mem_len": config.model.mem_len if config.eval.mem_len is None else config.eval.mem_len,
+        "clamp_len": eval_model_config(config).clamp_len,
+        "same_length": eval_model_config(config).same_length,
+        "batch_size": config.eval.batch_size,
+    }
+    results: dict[str, Any] = {"settings": settings}
+    for split in splits:
+        results[split] = evaluate_split(model, config, split)
+    return results

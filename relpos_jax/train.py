@@ -1,0 +1,221 @@
+"""The training loop: one jitted step with donated state, memory carried from step to step.
+
+Each step takes the next ``[B, T]`` segment of every row's stream, so the memory the model carries
+(``Memory``, explicit state) holds the text right before it. Adam(W) with linear warm-up and cosine
+decay, gradient clipping, optional micro-batching (gradient accumulation) and bf16 compute. Orbax
+checkpoints (parameters, optimizer, memory, data iterator, step) every ``ckpt_every`` steps; a work
+directory that holds one resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm import tqdm
+
+from relpos_jax import data as data_lib
+from relpos_jax.checkpoint import Checkpointer
+from relpos_jax.config import Config, TrainConfig
+from relpos_jax.evaluate import evaluate_split
+from relpos_jax.memory import Memory
+from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter
+from relpos_jax.model import TransformerLM
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if cfg.warmup_steps else cfg.lr,
+        peak_value=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
+        end_value=cfg.lr * cfg.min_lr_ratio,
+    )
+    if cfg.optimizer == "adamw":
+        update = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+    else:
+        update = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip), update) if cfg.clip > 0 else update
+
+
+def _loss(model, inputs, targets, mems):
+    logits, new_mems = model(inputs, mems, deterministic=False)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), new_mems
+
+
+def _micro_batches(tree, parts: int, axis: int):
+    return [
+        jax.tree.map(lambda a, k=k: jnp.split(a, parts, axis=axis)[k], tree) for k in range(parts)
+    ]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 4))
+def train_step(graphdef, grad_accum: int, state, batch, mems: Memory):
+    """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows."""
+    model, optimizer = nnx.merge(graphdef, state)
+    grad_fn = nnx.value_and_grad(_loss, has_aux=True)
+    if grad_accum == 1:
+        (loss, new_mems), grads = grad_fn(model, batch["inputs"], batch["targets"], mems)
+    else:
+        batches = _micro_batches(batch, grad_accum, axis=0)
+        states = _micro_batches(mems.states, grad_accum, axis=1)
+        losses, grads, new_states = [], None, []
+        for part, part_states in zip(batches, states, strict=True):
+            (part_loss, part_mems), part_grads = grad_fn(
+                model, part["inputs"], part["targets"], Memory(part_states, mems.valid)
+            )
+            losses.append(part_loss)
+            new_states.append(part_mems.states)
+            grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
+        grads = jax.tree.map(lambda g: g / grad_accum, grads)
+        loss = jnp.mean(jnp.stack(losses))
+        new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
+    optimizer.update(model, grads)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return nnx.state((model, optimizer)), new_mems, metrics
+
+
+class Trainer:
+    """Holds a run's model, optimizer, data and checkpoints; ``run()`` trains to ``train.steps``."""
+
+    def __init__(self, config: Any, workdir: str | pathlib.Path):
+        self.config = Config.from_any(config)
+        self.workdir = pathlib.Path(workdir)
+        self.is_main = jax.process_index() == 0
+        cfg = self.config
+        self.stream = data_lib.open_split(
+            cfg.data.name, "train", path=cfg.data.path, data_dir=cfg.data.dir
+        )
+        dataset = data_lib.train_dataset(
+            self.stream,
+            cfg.data.batch_size,
+            cfg.data.segment_len,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+        self.iterator = iter(dataset.to_iter_dataset())
+        self.model = TransformerLM(
+            cfg.model, rngs=nnx.Rngs(params=cfg.train.seed, dropout=cfg.train.seed + 1)
+        )
+        self.optimizer = nnx.Optimizer(self.model, make_optimizer(cfg.train), wrt=nnx.Param)
+        self.graphdef, self.state = nnx.split((self.model, self.optimizer))
+        self.mems = self.model.init_mems(cfg.data.batch_size // jax.process_count())
+        self.step = 0
+        self.checkpointer = Checkpointer(
+            self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints
+        )
+        self.resumed_from = self._restore()
+
+    def _restore(self) -> int | None:
+        latest = self.checkpointer.latest_step()
+        if latest is None:
+            return None
+        restored = self.checkpointer.restore(latest, state=self.state, mems=self.mems)
+        self.state, self.mems = restored["state"], restored["mems"]
+        self.iterator.set_state(restored["data"])
+        self.step = int(restored["meta"]["step"])
+        return self.step
+
+    def save(self) -> None:
+        self.checkpointer.save(
+            self.step,
+            state=self.state,
+            mems=self.mems,
+            data=self.iterator.get_state(),
+            meta={"step": self.step, "config": repr(self.config)},
+        )
+
+    def current_model(self) -> TransformerLM:
+        model, _ = nnx.merge(self.graphdef, self.state)
+        return model
+
+    def validate(self, max_tokens: int | None) -> dict[str, Any]:
+        return evaluate_split(
+            self.current_model(),
+            self.config,
+            "valid",
+            max_tokens=max_tokens or None,
+            segment_len=self.config.data.segment_len,
+            mem_len=self.config.model.mem_len,
+        )
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config.train
+        writer = MetricsWriter(self.workdir, enabled=self.is_main)
+        tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            disable=not self.is_main,
+            unit="step",
+            dynamic_ncols=True,
+            desc="train",
+        )
+        window_start, window_steps, last = time.perf_counter(), 0, {}
+        run_start, first_step = time.perf_counter(), self.step
+        while self.step < cfg.steps:
+            batch = next(self.iterator)
+            self.state, self.mems, metrics = train_step(
+                self.graphdef, cfg.grad_accum, self.state, batch, self.mems
+            )
+            self.step += 1
+            window_steps += 1
+            bar.update(1)
+            if self.step == first_step + 1:  # the first step compiled: time from here on
+                jax.block_until_ready(metrics["loss"])
+                window_start, window_steps = time.perf_counter(), 0
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                loss = float(metrics["loss"])
+                if not np.isfinite(loss):
+                    raise FloatingPointError(
+                        f"train: loss is {loss} at step {self.step}; lower train.lr"
+                    )
+                elapsed = time.perf_counter() - window_start
+                last = {
+                    "train/loss": loss,
+                    "train/bpc": loss * BITS_PER_NAT,
+                    "train/grad_norm": float(metrics["grad_norm"]),
+                    "tokens_per_sec": window_steps * tokens_per_step / elapsed,
+                }
+                writer.write(self.step, last)
+                bar.set_postfix(
+                    loss=f"{loss:.3f}",
+                    bpc=f"{last['train/bpc']:.3f}",
+                    tok_s=f"{last['tokens_per_sec']:,.0f}",
+                )
+                window_start, window_steps = time.perf_counter(), 0
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                valid = self.validate(cfg.eval_tokens)
+                writer.write(self.step, {"valid/bpc": valid["bpc"], "valid/loss": valid["loss"]})
+                bar.write(
+                    f"step {self.step}: valid bpc {valid['bpc']:.4f} ({valid['tokens']:,} tokens)"
+                )
+                window_start, window_steps = time.perf_counter(), 0
+            if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
+                self.save()
+        bar.close()
+        if self.checkpointer.latest_step() != self.step:
+            self.save()
+        self.checkpointer.wait()
+        valid = self.validate(None)
+        writer.write(self.step, {"valid/bpc": valid["bpc"], "valid/loss": valid["loss"]})
+        writer.close()
+        summary = {
+            "step": self.step,
+            "valid_bpc": valid["bpc"],
+            "valid_tokens": valid["tokens"],
+            "train_bpc": last.get("train/bpc"),
+            "seconds": time.perf_counter() - run_start,
+            "parameters": sum(
+                x.size for x in jax.tree.leaves(nnx.state(self.current_model(), nnx.Param))
+            ),
+        }
+        self.checkpointer.close()
+        return summary
