@@ -5,11 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint demo bench clean
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
-	$(PY) -m relpos_jax.demo
+	$(PY) train.py --config configs/txl_small.py
 
 # Command 2: set up and run the test suite (pytest's own exit code: 5, no tests, fails too).
 test: $(STAMP)
@@ -18,6 +18,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+demo: $(STAMP)
+	$(PY) -m relpos_jax.demo
 
 bench: $(STAMP)
 	$(PY) bench/positions.py
