@@ -17,7 +17,13 @@ def get_config():
     )
     c.data.update(name="pystdlib", segment_len=128, batch_size=16)
     c.train.update(
-        steps=500, lr=1e-3, warmup_steps=50, clip=0.25, log_every=25, eval_every=250,
-        eval_tokens=65536, ckpt_every=250,
+        steps=500,
+        lr=1e-3,
+        warmup_steps=50,
+        clip=0.25,
+        log_every=25,
+        eval_every=250,
+        eval_tokens=65536,
+        ckpt_every=250,
     )
     return c

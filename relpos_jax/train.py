@@ -78,7 +78,7 @@ def train_step(graphdef, grad_accum: int, state, batch, mems: Memory):
         loss = jnp.mean(jnp.stack(losses))
         new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
     optimizer.update(model, grads)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return nnx.state((model, optimizer)), new_mems, metrics
 
 
@@ -146,7 +146,9 @@ class Trainer:
             mem_len=self.config.model.mem_len,
         )
 
-    def run(self) -> dict[str, Any]:
+    def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
+        """Train to ``train.steps``; ``stop_after`` ends early with a checkpoint (as a kill would,
+        minus the loss of unsaved steps) and returns None."""
         cfg = self.config.train
         writer = MetricsWriter(self.workdir, enabled=self.is_main)
         tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
@@ -161,6 +163,12 @@ class Trainer:
         window_start, window_steps, last = time.perf_counter(), 0, {}
         run_start, first_step = time.perf_counter(), self.step
         while self.step < cfg.steps:
+            if stop_after is not None and self.step >= stop_after:
+                bar.close()
+                self.save()
+                self.checkpointer.wait()
+                writer.close()
+                return None
             batch = next(self.iterator)
             self.state, self.mems, metrics = train_step(
                 self.graphdef, cfg.grad_accum, self.state, batch, self.mems

@@ -124,8 +124,8 @@ def eval_batches(
     count = len(stream) - 1 if max_tokens is None else min(len(stream) - 1, max_tokens)
     if count < 1:
         raise DataError(f"data: the evaluation split has {len(stream)} tokens; it needs at least 2")
-    batch_size = max(1, min(batch_size, count))
-    row_len = -(-count // batch_size)
+    row_len = -(-count // max(1, min(batch_size, count)))
+    batch_size = -(-count // row_len)  # no empty rows
     steps = -(-row_len // segment_len)
     tokens = stream.read(0, count + 1).astype(np.int32)
     inputs = np.zeros((batch_size, steps * segment_len), np.int32)

@@ -1,0 +1,138 @@
+"""Equal steps, equal sizes, same data: Transformer-XL with memory vs without, and vs x-transformers.
+
+    .venv/bin/python bench/compare_training.py [--steps 500] [--skip-ours]
+
+Runs, one after the other on the embedded pystdlib corpus with txl_small's sizes and hyperparameters
+(6 layers, d_model 256, 4x64 heads, d_ff 1024, segment 128, batch 16, Adam 1e-3, 50 warm-up steps,
+cosine, clip 0.25, no dropout):
+
+1. relpos_jax txl_small, memory 128  (``train.py`` then ``eval.py``)
+2. relpos_jax txl_small, memory 0
+3. x-transformers (PyTorch CPU), XL memory 128 (``max_mem_len``) with its T5 relative bias, trained
+   with the same optimizer, schedule, clipping and batches, evaluated with the same protocol (every
+   test token once, rows of contiguous text, segment 128, memory carried).
+
+Prints a markdown table of test bpc. Needs the ``bench`` extra for step 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def run_ours(workdir: pathlib.Path, steps: int, mem_len: int) -> dict:
+    overrides = [f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}"]
+    common = ["--config", "configs/txl_small.py", "--workdir", str(workdir), *overrides]
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "train.py", *common], cwd=ROOT, check=True)
+    minutes = (time.perf_counter() - start) / 60
+    subprocess.run([sys.executable, "eval.py", *common, "--splits", "test"], cwd=ROOT, check=True)
+    result = json.loads((workdir / "eval.json").read_text())
+    return {"test_bpc": result["test"]["bpc"], "minutes": minutes}
+
+
+def run_x_transformers(steps: int) -> dict:
+    import numpy as np
+    import torch
+    from x_transformers import Decoder, TransformerWrapper
+
+    from relpos_jax import data
+    from relpos_jax.config import Config, load_config
+
+    cfg = Config.from_any(load_config(ROOT / "configs" / "txl_small.py"))
+    m, d, t = cfg.model, cfg.data, cfg.train
+    torch.manual_seed(t.seed)
+    model = TransformerWrapper(
+        num_tokens=m.vocab_size,
+        max_seq_len=d.segment_len,
+        max_mem_len=m.mem_len,
+        tie_embedding=True,
+        use_abs_pos_emb=False,
+        attn_layers=Decoder(
+            dim=m.d_model,
+            depth=m.n_layers,
+            heads=m.n_heads,
+            attn_dim_head=m.head_dim,
+            ff_mult=m.d_ff // m.d_model,
+            rel_pos_bias=True,
+        ),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=(t.b1, t.b2))
+
+    def lr_at(step: int) -> float:  # optax.warmup_cosine_decay_schedule, end value 0
+        if step < t.warmup_steps:
+            return t.lr * step / t.warmup_steps
+        progress = min(1.0, (step - t.warmup_steps) / max(1, steps - t.warmup_steps))
+        return t.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+    train = data.open_split(d.name, "train", path=d.path, data_dir=d.dir)
+    dataset = data.train_dataset(train, d.batch_size, d.segment_len)
+    mems, start = None, time.perf_counter()
+    model.train()
+    for step in range(steps):
+        batch = dataset[step]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        logits, mems = model(torch.from_numpy(batch["inputs"]).long(), mems=mems, return_mems=True)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, m.vocab_size), torch.from_numpy(batch["targets"]).long().reshape(-1)
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
+        optimizer.step()
+        mems = [x.detach() for x in mems]
+        if (step + 1) % 50 == 0:
+            print(
+                f"x-transformers step {step + 1}: train bpc {loss.item() / math.log(2):.4f}",
+                flush=True,
+            )
+    minutes = (time.perf_counter() - start) / 60
+    model.eval()
+    test = data.open_split(d.name, "test", path=d.path, data_dir=d.dir)
+    total, count, mems = 0.0, 0.0, None
+    with torch.no_grad():
+        for batch in data.eval_batches(test, cfg.eval.batch_size, d.segment_len):
+            logits, mems = model(
+                torch.from_numpy(batch["inputs"]).long(), mems=mems, return_mems=True
+            )
+            losses = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, m.vocab_size),
+                torch.from_numpy(batch["targets"]).long().reshape(-1),
+                reduction="none",
+            )
+            weights = torch.from_numpy(np.asarray(batch["weights"])).reshape(-1)
+            total += float((losses * weights).sum())
+            count += float(weights.sum())
+    return {"test_bpc": total / count / math.log(2), "minutes": minutes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--runs", default=str(ROOT / "runs" / "compare_training"))
+    parser.add_argument("--skip-ours", action="store_true", help="only the x-transformers run")
+    args = parser.parse_args()
+    runs = pathlib.Path(args.runs)
+    rows = []
+    if not args.skip_ours:
+        rows.append(("relpos_jax txl, memory 128", run_ours(runs / "txl_mem128", args.steps, 128)))
+        rows.append(("relpos_jax txl, memory 0", run_ours(runs / "txl_mem0", args.steps, 0)))
+    rows.append(("x-transformers T5 bias, XL memory 128", run_x_transformers(args.steps)))
+    print(f"\n{args.steps} steps each, txl_small sizes and hyperparameters, pystdlib\n")
+    print("| model | test bpc | train minutes |\n|---|---:|---:|")
+    for name, result in rows:
+        print(f"| {name} | {result['test_bpc']:.4f} | {result['minutes']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

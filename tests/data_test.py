@@ -1,0 +1,174 @@
+"""Corpora, builders and the Transformer-XL batching: contiguous rows, every eval token once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relpos_jax import data
+from relpos_jax.data import builders, corpora, pipeline
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory):
+    """A generated corpus: structured lines plus bytes that are not valid UTF-8."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    lines = [f"def f{i}(x):\n    return x * {i} + {rng.integers(100)}\n" for i in range(1500)]
+    payload = "".join(lines).encode() + bytes([0xFF, 0xFE, 0x80, 0x00]) * 50
+    (root / "a.txt").write_bytes(payload[: len(payload) // 2])
+    (root / "b.txt").write_bytes(payload[len(payload) // 2 :])
+    return root, payload
+
+
+def _stream(text_corpus, split, tmp_path):
+    root, _ = text_corpus
+    return data.open_split("text", split, path=str(root), data_dir=str(tmp_path))
+
+
+def test_text_corpus_round_trips_every_byte(text_corpus, tmp_path):
+    _, payload = text_corpus
+    streams = [_stream(text_corpus, split, tmp_path) for split in corpora.SPLITS]
+    joined = np.concatenate([s.read(0, len(s)) for s in streams])
+    assert joined.tobytes() == payload  # non-UTF-8 bytes included: byte-level simply works
+    assert abs(len(streams[0]) / len(payload) - 0.9) < 0.01
+
+
+def test_stream_reads_across_record_boundaries():
+    chunk = 8
+    tokens = np.arange(50, dtype=np.uint8)
+    records = [{"bytes": tokens[i : i + chunk]} for i in range(0, 50, chunk)]
+    stream = pipeline.TokenStream(records, chunk)
+    assert len(stream) == 50
+    for start, stop in [(0, 50), (7, 9), (8, 16), (15, 41), (48, 50)]:
+        np.testing.assert_array_equal(stream.read(start, stop), tokens[start:stop])
+
+
+def test_pystdlib_excludes_tests_and_splits_by_file():
+    files = corpora.pystdlib_files()
+    assert len(files) > 100
+    assert not any("test" in p.parts or "tests" in p.parts for p in files)
+    splits = {corpora._split_of(p.name) for p in files}
+    assert splits == {"train", "valid", "test"}
+    assert corpora.pystdlib_name().startswith("pystdlib_py3")
+
+
+def test_train_rows_are_contiguous_streams_across_steps():
+    tokens = np.arange(1000) % 256
+    stream = pipeline.ArrayStream(tokens)
+    dataset = data.train_dataset(stream, batch_size=4, segment_len=10)
+    row_len = (1000 - 1) // 4
+    for step in range(5):
+        batch = dataset[step]
+        assert batch["inputs"].shape == (4, 10) and batch["inputs"].dtype == np.int32
+        np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+        for row in range(4):
+            start = row * row_len + step * 10
+            np.testing.assert_array_equal(batch["inputs"][row], tokens[start : start + 10])
+            np.testing.assert_array_equal(batch["targets"][row], tokens[start + 1 : start + 11])
+
+
+def test_train_iterator_resumes_from_its_state_and_wraps_epochs():
+    stream = pipeline.ArrayStream(np.arange(300) % 256)
+    dataset = data.train_dataset(stream, batch_size=2, segment_len=10)  # 14 steps an epoch
+    iterator = iter(dataset.to_iter_dataset())
+    for _ in range(20):
+        next(iterator)
+    state = iterator.get_state()
+    expected = [next(iterator)["inputs"] for _ in range(3)]
+    resumed = iter(dataset.to_iter_dataset())
+    resumed.set_state(state)
+    for want in expected:
+        np.testing.assert_array_equal(next(resumed)["inputs"], want)
+    np.testing.assert_array_equal(dataset[14]["inputs"], dataset[0]["inputs"])
+
+
+def test_each_process_reads_only_its_rows():
+    stream = pipeline.ArrayStream(np.arange(2000) % 256)
+    whole = data.train_dataset(stream, batch_size=8, segment_len=16)[3]["inputs"]
+    parts = [
+        data.train_dataset(stream, batch_size=8, segment_len=16, process_index=p, process_count=4)[
+            3
+        ]
+        for p in range(4)
+    ]
+    np.testing.assert_array_equal(np.concatenate([p["inputs"] for p in parts]), whole)
+
+
+@pytest.mark.parametrize(
+    ("length", "batch", "segment", "max_tokens"),
+    [
+        (1000, 4, 16, None),
+        (1001, 3, 7, None),
+        (57, 16, 8, None),
+        (1000, 5, 32, 333),
+        (2, 4, 4, None),
+    ],
+)
+def test_eval_scores_every_token_exactly_once(length, batch, segment, max_tokens):
+    tokens = np.random.default_rng(length).integers(0, 256, length)
+    stream = pipeline.ArrayStream(tokens)
+    batches = list(data.eval_batches(stream, batch, segment, max_tokens))
+    count = (length - 1) if max_tokens is None else max_tokens
+    rows = batches[0]["inputs"].shape[0]
+    scored = [[] for _ in range(rows)]
+    for b in batches:
+        assert b["inputs"].shape == (rows, segment)
+        for r in range(rows):
+            mask = b["weights"][r] > 0
+            scored[r].extend(b["targets"][r][mask].tolist())
+            # each scored target is the token after its input
+            np.testing.assert_array_equal(b["inputs"][r][mask][1:], b["targets"][r][mask][:-1])
+    flat = [t for row in scored for t in row]
+    assert sum(float(b["weights"].sum()) for b in batches) == count
+    np.testing.assert_array_equal(flat, tokens[1 : count + 1])
+
+
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (lambda d: data.open_split("wikitext9", "train", data_dir=d), "data.name='wikitext9'"),
+        (lambda d: data.open_split("text", "train", data_dir=d), "data.path=None"),
+        (
+            lambda d: data.open_split("text", "train", path="/no/such/file", data_dir=d),
+            "data.path='/no/such/file'",
+        ),
+        (lambda d: data.open_split("enwik8", "train", data_dir=d), "mattmahoney.net"),
+        (lambda d: data.open_split("pystdlib", "dev", data_dir=d), "split='dev'"),
+    ],
+)
+def test_bad_datasets_get_one_line(tmp_path, call, names):
+    with pytest.raises(data.DataError) as error:
+        call(str(tmp_path))
+    assert names in str(error.value) and "\n" not in str(error.value)
+
+
+def test_empty_folder_and_too_small_corpus(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(data.DataError, match="holds no files"):
+        data.open_split("text", "train", path=str(tmp_path / "empty"), data_dir=str(tmp_path / "d"))
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"x" * 100)
+    stream = data.open_split("text", "train", path=str(small), data_dir=str(tmp_path / "d"))
+    with pytest.raises(
+        data.DataError, match=r"data.batch_size=16 is invalid for a split of 90 tokens"
+    ):
+        data.train_dataset(stream, 16, 128)
+
+
+def test_builder_identity_changes_with_the_file(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"a" * 1000)
+    first = builders.config_name("text", str(path))
+    path.write_bytes(b"b" * 2000)
+    assert builders.config_name("text", str(path)) != first
+
+
+def test_tfds_text_dataset_through_the_same_pipeline(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
+        stream = data.open_split("tfds:tiny_shakespeare", "valid", data_dir=str(tmp_path))
+        assert len(stream) > 10
+        batch = data.train_dataset(stream, 2, 4)[0]
+        assert batch["inputs"].shape == (2, 4)

@@ -1,0 +1,140 @@
+"""End to end on a tiny generated corpus: train, checkpoint, resume exactly, evaluate, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from relpos_jax.config import load_config
+from relpos_jax.evaluate import restore_model, run_eval
+from relpos_jax.metrics import read_metrics
+from relpos_jax.train import Trainer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "(", ")", ":", "\n", "    "]
+    (root / "corpus.txt").write_text(" ".join(rng.choice(words, 6000)))
+    config = load_config(ROOT / "configs" / "txl_small.py")
+    config.model.update(n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=8, dropout=0.1)
+    config.data.update(
+        name="text",
+        path=str(root / "corpus.txt"),
+        dir=str(root / "tfds"),
+        segment_len=8,
+        batch_size=4,
+    )
+    config.train.update(
+        steps=8, log_every=1, eval_every=4, eval_tokens=200, ckpt_every=4, warmup_steps=2
+    )
+    config.eval.update(segment_len=6, mem_len=20, batch_size=3)
+    return config, root
+
+
+def _losses(workdir):
+    return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
+
+
+@pytest.mark.slow
+def test_train_resume_and_evaluate(tiny, tmp_path):
+    config, _ = tiny
+    straight = Trainer(config, tmp_path / "straight").run()
+    assert straight["step"] == 8 and np.isfinite(straight["valid_bpc"])
+    losses = _losses(tmp_path / "straight")
+    assert [s for s, _ in losses] == list(range(1, 9))
+
+    interrupted = Trainer(config, tmp_path / "resumed")
+    assert interrupted.resumed_from is None and interrupted.run(stop_after=5) is None
+    resumed = Trainer(config, tmp_path / "resumed")
+    assert resumed.resumed_from == 5
+    resumed.run()
+    # Parameters, optimizer, memory, dropout RNG and data position all came back: same losses.
+    assert _losses(tmp_path / "resumed") == losses
+
+    model, cfg, step = restore_model(config, tmp_path / "resumed")
+    results = run_eval(model, cfg, ["valid", "test"])
+    assert step == 8
+    assert results["settings"]["mem_len"] == 20 and results["settings"]["segment_len"] == 6
+    text_len = len((pathlib.Path(config.data.path)).read_bytes())
+    assert (
+        results["valid"]["tokens"] + results["test"]["tokens"]
+        == (text_len - int(text_len * 0.9)) - 2
+    )
+    assert results["valid"]["bpc"] < 8.0  # better than uniform over bytes
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flag", "names"),
+    [
+        ("--config.model.n_head=3", "n_head"),
+        ("--config.data.name=wikitext9", "data.name='wikitext9'"),
+        ("--config.model.n_heads=3", "model.n_heads=3"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, flag, names):
+    result = _cli("train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), flag)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and names in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_eval_cli_without_checkpoint(tmp_path):
+    result = _cli("eval.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path))
+    assert result.returncode == 2 and "holds no checkpoint" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_and_eval_cli(tiny, tmp_path):
+    config, _ = tiny
+    overrides = [
+        "--config.data.name=text",
+        f"--config.data.path={config.data.path}",
+        f"--config.data.dir={config.data.dir}",
+        "--config.model.n_layers=1",
+        "--config.model.d_model=32",
+        "--config.model.n_heads=2",
+        "--config.model.d_ff=64",
+        "--config.data.segment_len=8",
+        "--config.data.batch_size=4",
+        "--config.train.steps=3",
+        "--config.train.eval_every=0",
+    ]
+    trained = _cli(
+        "train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), *overrides
+    )
+    assert trained.returncode == 0, trained.stderr
+    assert trained.stdout.splitlines()[0].startswith("training txl on text from scratch")
+    again = _cli(
+        "train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), *overrides
+    )
+    assert again.stdout.splitlines()[0].startswith("resuming from step 3")
+    evaluated = _cli(
+        "eval.py",
+        "--config",
+        "configs/txl_small.py",
+        "--workdir",
+        str(tmp_path),
+        *overrides,
+        "--sample",
+        "8",
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
