@@ -19,13 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils  # no stable replacement yet
 from tqdm import tqdm
 
 from relpos_jax import data as data_lib
+from relpos_jax import sharding
 from relpos_jax.checkpoint import Checkpointer
 from relpos_jax.config import Config, TrainConfig
 from relpos_jax.evaluate import evaluate_split
-from relpos_jax.memory import Memory
+from relpos_jax.memory import Memory, init_mems
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter
 from relpos_jax.model import TransformerLM
 
@@ -56,8 +58,7 @@ def _micro_batches(tree, parts: int, axis: int):
     ]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 4))
-def train_step(graphdef, grad_accum: int, state, batch, mems: Memory):
+def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
     """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows."""
     model, optimizer = nnx.merge(graphdef, state)
     grad_fn = nnx.value_and_grad(_loss, has_aux=True)
@@ -82,14 +83,28 @@ def train_step(graphdef, grad_accum: int, state, batch, mems: Memory):
     return nnx.state((model, optimizer)), new_mems, metrics
 
 
+def _scalar(x: jax.Array) -> float:
+    """A replicated scalar as a float, also when the array spans several processes."""
+    return float(np.asarray(x.addressable_data(0)))
+
+
 class Trainer:
     """Holds a run's model, optimizer, data and checkpoints; ``run()`` trains to ``train.steps``."""
 
-    def __init__(self, config: Any, workdir: str | pathlib.Path):
+    def __init__(self, config: Any, workdir: str | pathlib.Path, devices=None):
         self.config = Config.from_any(config)
         self.workdir = pathlib.Path(workdir)
         self.is_main = jax.process_index() == 0
         cfg = self.config
+        self.mesh = sharding.make_mesh(cfg.mesh, devices)
+        sharding.check_batch(cfg.data.batch_size, self.mesh, jax.process_count())
+        self.mems_sharding = sharding.memory_sharding(self.mesh)
+        if jax.process_count() > 1:  # one process builds the dataset, the others then read it
+            if self.is_main:
+                data_lib.open_split(
+                    cfg.data.name, "train", path=cfg.data.path, data_dir=cfg.data.dir
+                )
+            multihost_utils.sync_global_devices("relpos_jax: dataset built")
         self.stream = data_lib.open_split(
             cfg.data.name, "train", path=cfg.data.path, data_dir=cfg.data.dir
         )
@@ -101,17 +116,41 @@ class Trainer:
             process_count=jax.process_count(),
         )
         self.iterator = iter(dataset.to_iter_dataset())
-        self.model = TransformerLM(
-            cfg.model, rngs=nnx.Rngs(params=cfg.train.seed, dropout=cfg.train.seed + 1)
+        self.graphdef, self.state = self._sharded_state()
+        m = cfg.model
+        self.mems = jax.jit(
+            lambda: init_mems(m.n_layers, cfg.data.batch_size, m.mem_len, m.d_model, m.dtype),
+            out_shardings=self.mems_sharding,
+        )()
+        self._train_step = jax.jit(
+            functools.partial(train_step_fn, self.graphdef, cfg.train.grad_accum),
+            in_shardings=(
+                self.state_sharding,
+                sharding.batch_sharding(self.mesh),
+                self.mems_sharding,
+            ),
+            out_shardings=(self.state_sharding, self.mems_sharding, sharding.replicated(self.mesh)),
+            donate_argnums=(0, 2),
         )
-        self.optimizer = nnx.Optimizer(self.model, make_optimizer(cfg.train), wrt=nnx.Param)
-        self.graphdef, self.state = nnx.split((self.model, self.optimizer))
-        self.mems = self.model.init_mems(cfg.data.batch_size // jax.process_count())
         self.step = 0
         self.checkpointer = Checkpointer(
             self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints
         )
         self.resumed_from = self._restore()
+
+    def _build(self) -> tuple[TransformerLM, nnx.Optimizer]:
+        cfg = self.config
+        model = TransformerLM(
+            cfg.model, rngs=nnx.Rngs(params=cfg.train.seed, dropout=cfg.train.seed + 1)
+        )
+        return model, nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
+
+    def _sharded_state(self):
+        """Abstract shapes first, then a jitted init whose outputs are born sharded."""
+        graphdef, abstract = nnx.split(nnx.eval_shape(self._build))
+        self.state_sharding = sharding.state_shardings(abstract, self.mesh)
+        state = jax.jit(lambda: nnx.split(self._build())[1], out_shardings=self.state_sharding)()
+        return graphdef, state
 
     def _restore(self) -> int | None:
         latest = self.checkpointer.latest_step()
@@ -169,10 +208,8 @@ class Trainer:
                 self.checkpointer.wait()
                 writer.close()
                 return None
-            batch = next(self.iterator)
-            self.state, self.mems, metrics = train_step(
-                self.graphdef, cfg.grad_accum, self.state, batch, self.mems
-            )
+            batch = sharding.global_batch(next(self.iterator), self.mesh)
+            self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
             self.step += 1
             window_steps += 1
             bar.update(1)
@@ -180,7 +217,7 @@ class Trainer:
                 jax.block_until_ready(metrics["loss"])
                 window_start, window_steps = time.perf_counter(), 0
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                loss = float(metrics["loss"])
+                loss = _scalar(metrics["loss"])
                 if not np.isfinite(loss):
                     raise FloatingPointError(
                         f"train: loss is {loss} at step {self.step}; lower train.lr"

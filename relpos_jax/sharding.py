@@ -1,0 +1,157 @@
+"""Device mesh, logical axis rules and the shardings of parameters, optimizer state and batches.
+
+The mesh has three axes: ``data`` (batch rows), ``fsdp`` (batch rows, and parameters split along
+their model dimension), ``tensor`` (heads and the feed-forward dimension). Every parameter is named
+by logical axes (``embed``, ``heads``, ``head_dim``, ``mlp``, ``vocab``, …); ``RULES`` maps each logical
+axis to mesh axes, and can be overridden. Batches and the segment memory are split over the batch
+axes. Axis sizes of -1 take the devices left; a mesh that does not fit the devices fails with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from relpos_jax.config import MeshConfig, fail
+
+AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+
+# logical axis -> mesh axis (or axes, or None: replicated)
+RULES: dict[str, Any] = {
+    "batch": BATCH,
+    "embed": "fsdp",
+    "heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "vocab": None,
+    "length": None,
+    "layers": None,
+    "rows": None,  # rows of relative-position tables
+}
+
+# parameter (by the last names of its path) -> logical axes of its dimensions
+PARAM_AXES: list[tuple[str, tuple[str | None, ...]]] = [
+    (r"attention/w_q$", ("embed", "heads", "head_dim")),
+    (r"attention/w_kv$", ("embed", None, "heads", "head_dim")),
+    (r"attention/w_o$", ("heads", "head_dim", "embed")),
+    (r"attention/w_r$", ("embed", "heads", "head_dim")),
+    (r"(^|/)(u|v)$", ("heads", "head_dim")),
+    (r"attention/table_(k|v)$", ("rows", "head_dim")),
+    (r"feed_forward/up/kernel$", ("embed", "mlp")),
+    (r"feed_forward/up/bias$", ("mlp",)),
+    (r"feed_forward/down/kernel$", ("mlp", "embed")),
+    (r"embed/embedding$", ("vocab", "embed")),
+    (r"head/kernel$", ("embed", "vocab")),
+    (r"head/bias$", ("vocab",)),
+    (r"position_table$", ("rows", "embed")),
+    (r"t5_table$", ("rows", "heads")),
+    (r"rel_embed$", ("rows", "embed")),
+]
+
+
+def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    free = [i for i, s in enumerate(sizes) if s == -1]
+    if len(free) > 1:
+        fail("mesh", tuple(sizes), "at most one axis may be -1")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if free:
+        if device_count % fixed:
+            fail(
+                f"mesh.{AXES[free[0]]}",
+                -1,
+                f"the other axes ({fixed} devices) do not divide the {device_count} devices",
+            )
+        sizes[free[0]] = device_count // fixed
+    if math.prod(sizes) != device_count:
+        fail(
+            "mesh",
+            tuple(sizes),
+            f"data·fsdp·tensor = {math.prod(sizes)} must equal the {device_count} devices",
+        )
+    return tuple(sizes)
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    devices = list(devices if devices is not None else jax.devices())
+    shape = mesh_shape(cfg, len(devices))
+    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = RULES) -> P:
+    return P(*(rules.get(a) if a is not None else None for a in axes))
+
+
+def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of the parameter (or optimizer moment) at ``path``; replicated if unknown."""
+    for pattern, axes in PARAM_AXES:
+        if re.search(pattern, path) and len(axes) == ndim:
+            return axes
+    return (None,) * ndim
+
+
+def _path_string(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _fits(spec: P, shape, mesh) -> P:
+    """Drop mesh axes that do not divide a dimension (e.g. 2 heads on 4 tensor devices)."""
+    out = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=False):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = math.prod(mesh.shape[n] for n in names)
+        out.append(axes if names and dim % size == 0 else None)
+    return P(*out)
+
+
+def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any] = RULES) -> Any:
+    """A NamedSharding for every leaf of a (model, optimizer) state by its path's logical axes."""
+
+    def one(path, leaf):
+        shape = getattr(leaf, "shape", ())
+        spec = logical_spec(param_axes(_path_string(path), len(shape)), rules)
+        return NamedSharding(mesh, _fits(spec, shape, mesh))
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(BATCH, None))
+
+
+def memory_sharding(mesh: jax.sharding.Mesh):
+    from relpos_jax.memory import Memory
+
+    return Memory(NamedSharding(mesh, P(None, BATCH, None, None)), NamedSharding(mesh, P()))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def check_batch(batch_size: int, mesh: jax.sharding.Mesh, process_count: int) -> None:
+    rows = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_size % rows:
+        fail(
+            "data.batch_size",
+            batch_size,
+            f"it must be a multiple of data·fsdp = {rows} mesh devices",
+        )
+    if batch_size % process_count:
+        fail(
+            "data.batch_size", batch_size, f"it must be a multiple of the {process_count} processes"
+        )
+
+
+def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+    """Each process's rows -> one global array per key, split over the batch axes."""
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
