@@ -99,7 +99,8 @@ def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
 
 
 def _path_string(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return "/".join(names[:-1] if names and names[-1] == "value" else names)  # NNX Variable leaves
 
 
 def _fits(spec: P, shape, mesh) -> P:

@@ -28,7 +28,7 @@ from relpos_jax.checkpoint import Checkpointer
 from relpos_jax.config import Config, TrainConfig
 from relpos_jax.evaluate import evaluate_split
 from relpos_jax.memory import Memory, init_mems
-from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter
+from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
 
 
@@ -86,6 +86,12 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
 def _scalar(x: jax.Array) -> float:
     """A replicated scalar as a float, also when the array spans several processes."""
     return float(np.asarray(x.addressable_data(0)))
+
+
+def _last_logged(workdir: pathlib.Path, key: str) -> float | None:
+    """The last value of ``key`` in metrics.jsonl (a resumed run that had no step left to do)."""
+    values = [m[key] for m in read_metrics(workdir) if key in m]
+    return values[-1] if values else None
 
 
 class Trainer:
@@ -256,7 +262,7 @@ class Trainer:
             "step": self.step,
             "valid_bpc": valid["bpc"],
             "valid_tokens": valid["tokens"],
-            "train_bpc": last.get("train/bpc"),
+            "train_bpc": last.get("train/bpc", _last_logged(self.workdir, "train/bpc")),
             "seconds": time.perf_counter() - run_start,
             "parameters": sum(
                 x.size for x in jax.tree.leaves(nnx.state(self.current_model(), nnx.Param))
