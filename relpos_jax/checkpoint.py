@@ -12,6 +12,11 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 
+def _storable(mems: Any) -> dict[str, Any]:
+    """Memory as a dict; a memory of length 0 (no recurrence) has no states to store."""
+    return {"valid": mems.valid} | ({"states": mems.states} if mems.states.size else {})
+
+
 class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, *, keep: int = 3):
         self.directory = pathlib.Path(directory).resolve()
@@ -26,7 +31,7 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
-                mems=ocp.args.StandardSave(mems),
+                mems=ocp.args.StandardSave(_storable(mems)),
                 data=ocp.args.JsonSave(data),
                 meta=ocp.args.JsonSave(meta),
             ),
@@ -34,16 +39,20 @@ class Checkpointer:
 
     def restore(self, step: int, *, state: Any, mems: Any) -> dict[str, Any]:
         """Restore into the structure (and shardings) of ``state`` and ``mems``."""
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(state),
-                mems=ocp.args.StandardRestore(mems),
-                data=ocp.args.JsonRestore(),
-                meta=ocp.args.JsonRestore(),
-            ),
+        restored = dict(
+            self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(state),
+                    mems=ocp.args.StandardRestore(_storable(mems)),
+                    data=ocp.args.JsonRestore(),
+                    meta=ocp.args.JsonRestore(),
+                ),
+            )
         )
-        return dict(restored)
+        saved = restored["mems"]
+        restored["mems"] = type(mems)(saved.get("states", mems.states), saved["valid"])
+        return restored
 
     def restore_params(self, step: int, state: Any) -> Any:
         """Only the ``state`` item (evaluation does not need memory or data)."""

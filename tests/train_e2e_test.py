@@ -72,6 +72,17 @@ def test_train_resume_and_evaluate(tiny, tmp_path):
     assert results["valid"]["bpc"] < 8.0  # better than uniform over bytes
 
 
+@pytest.mark.slow
+def test_no_memory_run_checkpoints_and_resumes(tiny, tmp_path):
+    config, _ = tiny
+    config = config.copy_and_resolve_references()
+    config.model.mem_len = 0
+    assert Trainer(config, tmp_path).run(stop_after=2) is None
+    resumed = Trainer(config, tmp_path)
+    assert resumed.resumed_from == 2 and resumed.mems.states.shape[2] == 0
+    assert resumed.run()["step"] == 8
+
+
 def _cli(*args):
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300
