@@ -20,6 +20,9 @@ _SPLITS = flags.DEFINE_list("splits", ["valid", "test"], "Splits to evaluate.")
 
 def main(argv: list[str]) -> None:
     del argv
+    cli.initialize_distributed()
+    import jax
+
     from relpos_jax.evaluate import restore_model, run_eval
 
     workdir = cli.workdir()
@@ -29,10 +32,11 @@ def main(argv: list[str]) -> None:
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
     results["step"] = step
-    (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    if jax.process_index() == 0:
+        (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     for split in _SPLITS.value:
         r = results[split]
-        print(
+        cli.say(
             f"{split}: bpc {r['bpc']:.4f}  ppl {r['ppl']:.3f}  ({r['tokens']:,} tokens, "
             f"segment {results['settings']['segment_len']}, memory {results['settings']['mem_len']})"
         )
@@ -42,7 +46,7 @@ def main(argv: list[str]) -> None:
 
         prompt = tokenizer.encode(_PROMPT.value)[None]
         tokens = generate(model, prompt, _SAMPLE.value, temperature=0.8, top_k=40)
-        print(_PROMPT.value + tokenizer.decode(tokens[0]))
+        cli.say(_PROMPT.value + tokenizer.decode(tokens[0]))
 
 
 if __name__ == "__main__":

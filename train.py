@@ -1,6 +1,7 @@
 """Train a language model: ``python train.py --config configs/txl_small.py [--config.x.y=v ...]``.
 
-All logic lives in ``relpos_jax.train``; see the README for datasets, overrides and resuming.
+All logic lives in ``relpos_jax.train``; see the README for datasets, overrides and resuming, and
+docs/scaling.md for GPUs, TPU pods and several processes.
 """
 
 from __future__ import annotations
@@ -12,32 +13,26 @@ from relpos_jax import cli
 
 def main(argv: list[str]) -> None:
     del argv
+    cli.initialize_distributed()
     from relpos_jax.checkpoint import latest_step
     from relpos_jax.train import Trainer
 
-    workdir = cli.workdir()
-    config = cli.config()
+    workdir, config = cli.workdir(), cli.config()
     step = latest_step(workdir / "checkpoints")
     if step is not None:
-        print(
-            f"resuming from step {step} in {workdir} (pass another --workdir to start fresh)",
-            flush=True,
-        )
+        cli.say(f"resuming from step {step} in {workdir} (pass another --workdir to start fresh)")
     else:
-        print(
-            f"training {config.model.position} on {config.data.name} from scratch in {workdir}",
-            flush=True,
-        )
+        cli.say(f"training {config.model.position} on {config.data.name} from scratch in {workdir}")
     try:
         trainer = Trainer(config, workdir)
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
-    summary = trainer.run()
-    print(
-        f"done: step {summary['step']}, valid bpc {summary['valid_bpc']:.4f} over {summary['valid_tokens']:,} "
-        f"tokens, train bpc {summary['train_bpc']:.4f}, {summary['parameters']:,} parameters, "
-        f"{summary['seconds'] / 60:.1f} min; evaluate: python eval.py --config "
-        f"{cli.flags.FLAGS['config'].config_filename} --workdir {workdir}"
+    s = trainer.run()
+    train_bpc = "n/a" if s["train_bpc"] is None else f"{s['train_bpc']:.4f}"
+    cli.say(
+        f"done: step {s['step']}, valid bpc {s['valid_bpc']:.4f} over {s['valid_tokens']:,} tokens, "
+        f"train bpc {train_bpc}, {s['parameters']:,} parameters, {s['seconds'] / 60:.1f} min; "
+        f"evaluate: python eval.py --config {cli.config_path()} --workdir {workdir}"
     )
 
 

@@ -31,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 def run_ours(workdir: pathlib.Path, steps: int, mem_len: int) -> dict:
     done = workdir / "eval.json"
-    if done.exists() and json.loads(done.read_text()).get("step") == steps:  # finished before: reuse
+    if (
+        done.exists() and json.loads(done.read_text()).get("step") == steps
+    ):  # finished before: reuse
         return {"test_bpc": json.loads(done.read_text())["test"]["bpc"], "minutes": float("nan")}
     overrides = [f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}"]
     common = ["--config", "configs/txl_small.py", "--workdir", str(workdir), *overrides]

@@ -6,6 +6,7 @@ exit code 2, and no traceback.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
@@ -19,6 +20,37 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/txl_small.py.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Work directory (default runs/<config name>).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (multi-process)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")
+_DISTRIBUTED = flags.DEFINE_boolean(
+    "distributed",
+    False,
+    "Initialise JAX's multi-controller runtime from the cluster (TPU pod, SLURM).",
+)
+
+
+def initialize_distributed() -> None:
+    """``jax.distributed.initialize`` when flags or the environment ask for it; nothing otherwise.
+
+    Explicit flags win; ``--distributed`` (or SLURM with several tasks, or a multi-host TPU slice)
+    lets JAX detect the coordinator, process count and id itself.
+    """
+    import jax
+
+    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    tpu_pod = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    if _COORDINATOR.value is None and not (_DISTRIBUTED.value or slurm or tpu_pod):
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across hosts
+    if _COORDINATOR.value is not None:
+        if _NUM_PROCESSES.value is None or _PROCESS_ID.value is None:
+            exit_with("--coordinator_address needs --num_processes and --process_id")
+        jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    else:
+        jax.distributed.initialize()
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -37,11 +69,22 @@ def config():
     return _CONFIG.value
 
 
+def config_path() -> str:
+    return flags.FLAGS["config"].config_filename
+
+
 def workdir() -> pathlib.Path:
     if _WORKDIR.value:
         return pathlib.Path(_WORKDIR.value)
-    name = pathlib.Path(flags.FLAGS["config"].config_filename).stem
-    return pathlib.Path("runs") / name
+    return pathlib.Path("runs") / pathlib.Path(config_path()).stem
+
+
+def say(message: str) -> None:
+    """Print from process 0 only."""
+    import jax
+
+    if jax.process_index() == 0:
+        print(message, flush=True)
 
 
 def exit_with(message: str) -> None:
