@@ -110,7 +110,7 @@ def train(workdir: pathlib.Path, stop: int, distributed: list[str]) -> None:
     first = Trainer(config, workdir)
     first.run(stop_after=stop // 2)
     second = Trainer(config, workdir)  # restore what the first one saved
-    second.run(stop_after=stop)
+    summary = second.run()  # to the end: final validation over every valid token, across processes
     print(
         json.dumps(
             {
@@ -118,6 +118,7 @@ def train(workdir: pathlib.Path, stop: int, distributed: list[str]) -> None:
                 "devices": jax.device_count(),
                 "resumed_from": second.resumed_from,
                 "losses": losses(workdir),
+                "valid_bpc": summary["valid_bpc"],
             }
         )
     )
