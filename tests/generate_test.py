@@ -6,29 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from relpos_jax import TransformerLM, generate
+from relpos_jax import generate
 from relpos_jax.config import POSITIONS
+from tests.helpers import tiny_model
 
 
 def _model(position):
-    config = dict(
-        position=position,
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        mem_len=4,
-        dropout=0.0,
-        init_std=0.5,
-        t5_num_buckets=8,
-        t5_max_distance=12,
-        deberta_bucket_size=4,
-        deberta_max_position=16,
-        shaw_max_distance=3,
-    )
-    return TransformerLM(config, rngs=nnx.Rngs(3))
+    return tiny_model(position, seed=3, mem_len=4, init_std=0.5)
 
 
 def _greedy_by_recomputing(model, prompt, generated):

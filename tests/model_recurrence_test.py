@@ -13,32 +13,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax import TransformerLM, run_segments
+from relpos_jax import run_segments
 from relpos_jax.config import POSITIONS, RELATIVE_POSITIONS
+from tests.helpers import tiny_model
 
 B, T, S, M = 2, 4, 3, 5  # batch, segment, segments, memory (M not a multiple of T on purpose)
 TOL = dict(rtol=2e-4, atol=2e-4)
 
 
 def _model(position, **overrides):
-    config = dict(
-        position=position,
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        mem_len=M,
-        dropout=0.0,
-        init_std=0.3,
-        shaw_max_distance=3,
-        t5_num_buckets=8,
-        t5_max_distance=12,
-        deberta_bucket_size=4,
-        deberta_max_position=16,
-        max_len=64,
-    )
-    config.update(overrides)
-    return TransformerLM(config, rngs=nnx.Rngs(0))
+    return tiny_model(position, **{"mem_len": M, **overrides})
 
 
 def _stream(length=S * T, seed=1):
