@@ -10,7 +10,8 @@ cosine, clip 0.25, no dropout):
 2. relpos_jax txl_small, memory 0
 3. x-transformers (PyTorch CPU), XL memory 128 (``max_mem_len``) with its T5 relative bias, trained
    with the same optimizer, schedule, clipping and batches, evaluated with the same protocol (every
-   test token once, rows of contiguous text, segment 128, memory carried).
+   test token once, rows of contiguous text, segment 128, memory carried); once with tied
+   embeddings (as ours) and once with its default untied output layer.
 
 Prints a markdown table of test bpc. Needs the ``bench`` extra for step 3.
 """
@@ -45,7 +46,7 @@ def run_ours(workdir: pathlib.Path, steps: int, mem_len: int) -> dict:
     return {"test_bpc": result["test"]["bpc"], "minutes": minutes}
 
 
-def run_x_transformers(steps: int) -> dict:
+def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
     import numpy as np
     import torch
     from x_transformers import Decoder, TransformerWrapper
@@ -60,7 +61,7 @@ def run_x_transformers(steps: int) -> dict:
         num_tokens=m.vocab_size,
         max_seq_len=d.segment_len,
         max_mem_len=m.mem_len,
-        tie_embedding=True,
+        tie_embedding=tie_embedding,
         use_abs_pos_emb=False,
         attn_layers=Decoder(
             dim=m.d_model,
@@ -125,14 +126,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--runs", default=str(ROOT / "runs" / "compare_training"))
-    parser.add_argument("--skip-ours", action="store_true", help="only the x-transformers run")
+    parser.add_argument("--skip-ours", action="store_true", help="only the x-transformers runs")
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        default=["tied", "untied"],
+        choices=["tied", "untied"],
+        help="x-transformers with tied embeddings (as ours) and/or its default (untied)",
+    )
     args = parser.parse_args()
     runs = pathlib.Path(args.runs)
     rows = []
     if not args.skip_ours:
         rows.append(("relpos_jax txl, memory 128", run_ours(runs / "txl_mem128", args.steps, 128)))
         rows.append(("relpos_jax txl, memory 0", run_ours(runs / "txl_mem0", args.steps, 0)))
-    rows.append(("x-transformers T5 bias, XL memory 128", run_x_transformers(args.steps)))
+    for peer in args.peers:
+        result = run_x_transformers(args.steps, tie_embedding=peer == "tied")
+        rows.append((f"x-transformers T5 bias, XL memory 128, {peer} embeddings", result))
     print(f"\n{args.steps} steps each, txl_small sizes and hyperparameters, pystdlib\n")
     print("| model | test bpc | train minutes |\n|---|---:|---:|")
     for name, result in rows:

@@ -284,6 +284,14 @@ class Config:
     eval: EvalConfig
     mesh: MeshConfig
 
+    def __post_init__(self) -> None:
+        if self.data.batch_size % self.train.grad_accum:
+            fail(
+                "train.grad_accum",
+                self.train.grad_accum,
+                f"it must divide data.batch_size={self.data.batch_size} (micro-batches split the rows)",
+            )
+
     @classmethod
     def from_any(cls, config: Any) -> Config:
         if isinstance(config, cls):

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from relpos_jax.config import load_config
+from relpos_jax.config import ConfigError, load_config
 from relpos_jax.evaluate import restore_model, run_eval
 from relpos_jax.metrics import read_metrics
 from relpos_jax.train import Trainer
@@ -81,6 +81,22 @@ def test_no_memory_run_checkpoints_and_resumes(tiny, tmp_path):
     resumed = Trainer(config, tmp_path)
     assert resumed.resumed_from == 2 and resumed.mems.states.shape[2] == 0
     assert resumed.run()["step"] == 8
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_equals_the_whole_batch(tiny, tmp_path):
+    config, _ = tiny
+    config = config.copy_and_resolve_references()
+    config.model.dropout = 0.0
+    Trainer(config, tmp_path / "whole").run(stop_after=3)
+    config.train.grad_accum = 2
+    Trainer(config, tmp_path / "micro").run(stop_after=3)
+    whole, micro = _losses(tmp_path / "whole"), _losses(tmp_path / "micro")
+    assert [s for s, _ in micro] == [1, 2, 3]
+    np.testing.assert_allclose([l for _, l in micro], [l for _, l in whole], rtol=1e-5)
+    config.train.grad_accum = 3
+    with pytest.raises(ConfigError, match=r"train\.grad_accum=3"):
+        Trainer(config, tmp_path / "bad")
 
 
 def _cli(*args):
