@@ -49,7 +49,7 @@ class PositionContext(NamedTuple):
     rope_factor: float = 1.0
 
 
-def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
+def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
     return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
 
 
@@ -59,18 +59,18 @@ class Attention(nnx.Module):
         self.position = cfg.position
         self.rope_interleaved = cfg.rope_interleaved
         self.scale = 1.0 / math.sqrt(h * (3 if cfg.position == "deberta" else 1))
-        self.w_q = _normal(rngs, (d, n, h), cfg.init_std)
-        self.w_kv = _normal(rngs, (d, 2, n, h), cfg.init_std)  # fused key/value projection
-        self.w_o = _normal(rngs, (n, h, d), cfg.init_std)
+        self.w_q = normal_param(rngs, (d, n, h), cfg.init_std)
+        self.w_kv = normal_param(rngs, (d, 2, n, h), cfg.init_std)  # fused key/value projection
+        self.w_o = normal_param(rngs, (n, h, d), cfg.init_std)
         if cfg.position == "txl":
-            self.w_r = _normal(rngs, (d, n, h), cfg.init_std)
+            self.w_r = normal_param(rngs, (d, n, h), cfg.init_std)
             if cfg.untie_r:
-                self.u = _normal(rngs, (n, h), cfg.init_std)
-                self.v = _normal(rngs, (n, h), cfg.init_std)
+                self.u = normal_param(rngs, (n, h), cfg.init_std)
+                self.v = normal_param(rngs, (n, h), cfg.init_std)
         if cfg.position == "shaw":
             rows = 2 * cfg.shaw_max_distance + 1
-            self.table_k = _normal(rngs, (rows, h), cfg.init_std)
-            self.table_v = _normal(rngs, (rows, h), cfg.init_std)
+            self.table_k = normal_param(rngs, (rows, h), cfg.init_std)
+            self.table_v = normal_param(rngs, (rows, h), cfg.init_std)
         self.dropatt = nnx.Dropout(cfg.dropatt, rngs=rngs)
 
     def __call__(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import pathlib
 import time
 from typing import Any
 
@@ -96,8 +97,6 @@ def evaluate_split(model: TransformerLM, config: Config, split: str, **overrides
 
 def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
     """The model of the latest checkpoint in ``workdir`` (parameters only)."""
-    import pathlib
-
     from relpos_jax.checkpoint import Checkpointer, latest_step
     from relpos_jax.train import make_optimizer
 

@@ -25,7 +25,7 @@ from flax import nnx
 
 from relpos_jax import memory as memory_lib
 from relpos_jax import positions as P
-from relpos_jax.attention import Attention, PositionContext, _normal
+from relpos_jax.attention import Attention, PositionContext, normal_param
 from relpos_jax.config import ModelConfig
 
 
@@ -80,14 +80,14 @@ class TransformerLM(nnx.Module):
             rngs=rngs,
         )
         if cfg.position == "learned":
-            self.position_table = _normal(rngs, (cfg.max_len, d), cfg.init_std)
+            self.position_table = normal_param(rngs, (cfg.max_len, d), cfg.init_std)
         if cfg.position == "txl" and not cfg.untie_r:
-            self.u = _normal(rngs, (n, h), cfg.init_std)
-            self.v = _normal(rngs, (n, h), cfg.init_std)
+            self.u = normal_param(rngs, (n, h), cfg.init_std)
+            self.v = normal_param(rngs, (n, h), cfg.init_std)
         if cfg.position == "t5":  # one bias table shared by all layers, as in T5
-            self.t5_table = _normal(rngs, (cfg.t5_num_buckets, n), cfg.init_std)
+            self.t5_table = normal_param(rngs, (cfg.t5_num_buckets, n), cfg.init_std)
         if cfg.position == "deberta":  # shared relative embeddings, normalised as in DeBERTa-v2
-            self.rel_embed = _normal(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std)
+            self.rel_embed = normal_param(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std)
             self.rel_norm = nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs)
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
