@@ -6,6 +6,8 @@ docs/scaling.md for GPUs, TPU pods and several processes.
 
 from __future__ import annotations
 
+import sys
+
 from absl import app
 
 from relpos_jax import cli
@@ -15,7 +17,7 @@ def main(argv: list[str]) -> None:
     del argv
     cli.initialize_distributed()
     from relpos_jax.checkpoint import latest_step
-    from relpos_jax.train import Trainer
+    from relpos_jax.train import NonFiniteLoss, Trainer
 
     workdir, config = cli.workdir(), cli.config()
     step = latest_step(workdir / "checkpoints")
@@ -27,7 +29,17 @@ def main(argv: list[str]) -> None:
         trainer = Trainer(config, workdir)
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
-    s = trainer.run()
+    try:
+        s = trainer.run()
+    except NonFiniteLoss as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    if s is None:
+        cli.say(
+            f"received {trainer.stopped_by}: saved a checkpoint at step {trainer.step} in {workdir}; "
+            "run the same command to resume"
+        )
+        return
     train_bpc = "n/a" if s["train_bpc"] is None else f"{s['train_bpc']:.4f}"
     cli.say(
         f"done: step {s['step']}, valid bpc {s['valid_bpc']:.4f} over {s['valid_tokens']:,} tokens, "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import signal
+import threading
 import time
 from typing import Any
 
@@ -88,6 +90,42 @@ def _scalar(x: jax.Array) -> float:
     return float(np.asarray(x.addressable_data(0)))
 
 
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or Inf; the message names the step and the checkpoint that is kept."""
+
+
+class _StopSignals:
+    """Notes SIGTERM / SIGINT instead of dying mid-step; restores the old handlers on exit."""
+
+    def __init__(self):
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _note(self, signum, frame) -> None:
+        self.name = signal.Signals(signum).name
+
+    def received(self, *, every: int, step: int) -> bool:
+        """Whether to stop now. With several processes they agree, at log steps, to stop together."""
+        if jax.process_count() == 1:
+            return self.name is not None
+        if step % every:
+            return False
+        flags = multihost_utils.process_allgather(np.array(self.name is not None))
+        if flags.any() and self.name is None:
+            self.name = "SIGTERM (another process)"
+        return bool(flags.any())
+
+
 def _last_logged(workdir: pathlib.Path, key: str) -> float | None:
     """The last value of ``key`` in metrics.jsonl (a resumed run that had no step left to do)."""
     values = [m[key] for m in read_metrics(workdir) if key in m]
@@ -143,6 +181,7 @@ class Trainer:
             self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints
         )
         self.resumed_from = self._restore()
+        self.stopped_by: str | None = None
 
     def _build(self) -> tuple[TransformerLM, nnx.Optimizer]:
         cfg = self.config
@@ -192,8 +231,16 @@ class Trainer:
         )
 
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
-        """Train to ``train.steps``; ``stop_after`` ends early with a checkpoint (as a kill would,
-        minus the loss of unsaved steps) and returns None."""
+        """Train to ``train.steps`` and return a summary.
+
+        Ends early with a checkpoint and returns None at ``stop_after`` (as a kill would, minus the
+        loss of unsaved steps) or after SIGTERM / SIGINT (preemption): the signal is noted and the run
+        stops at the next step boundary, so the same command resumes exactly where it stopped.
+        """
+        with _StopSignals() as signals:
+            return self._run(stop_after, signals)
+
+    def _run(self, stop_after: int | None, signals: _StopSignals) -> dict[str, Any] | None:
         cfg = self.config.train
         writer = MetricsWriter(self.workdir, enabled=self.is_main)
         tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
@@ -208,11 +255,13 @@ class Trainer:
         window_start, window_steps, last = time.perf_counter(), 0, {}
         run_start, first_step = time.perf_counter(), self.step
         while self.step < cfg.steps:
-            if stop_after is not None and self.step >= stop_after:
+            stop = stop_after is not None and self.step >= stop_after
+            if stop or signals.received(every=cfg.log_every, step=self.step):
                 bar.close()
                 self.save()
                 self.checkpointer.wait()
                 writer.close()
+                self.stopped_by = signals.name or f"stop_after={stop_after}"
                 return None
             batch = sharding.global_batch(next(self.iterator), self.mesh)
             self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
@@ -225,14 +274,17 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 loss = _scalar(metrics["loss"])
                 if not np.isfinite(loss):
-                    raise FloatingPointError(
-                        f"train: loss is {loss} at step {self.step}; lower train.lr"
+                    bar.close()
+                    raise NonFiniteLoss(
+                        f"train: loss is {loss} at step {self.step}; the last good checkpoint "
+                        f"(step {self.checkpointer.latest_step()}) is kept in {self.workdir}; "
+                        "lower train.lr or raise train.warmup_steps"
                     )
                 elapsed = time.perf_counter() - window_start
                 last = {
                     "train/loss": loss,
                     "train/bpc": loss * BITS_PER_NAT,
-                    "train/grad_norm": float(metrics["grad_norm"]),
+                    "train/grad_norm": _scalar(metrics["grad_norm"]),
                     "tokens_per_sec": window_steps * tokens_per_step / elapsed,
                 }
                 writer.write(self.step, last)

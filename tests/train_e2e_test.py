@@ -165,3 +165,58 @@ def test_train_and_eval_cli(tiny, tmp_path):
     )
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_path):
+    import signal
+    import time
+
+    config, _ = tiny
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "configs/txl_small.py",
+        "--workdir",
+        str(tmp_path),
+        "--config.data.name=text",
+        f"--config.data.path={config.data.path}",
+        f"--config.data.dir={config.data.dir}",
+        "--config.model.n_layers=1",
+        "--config.model.d_model=32",
+        "--config.model.n_heads=2",
+        "--config.model.d_ff=64",
+        "--config.data.segment_len=8",
+        "--config.data.batch_size=4",
+        "--config.train.steps=100000",
+        "--config.train.log_every=1",
+        "--config.train.eval_every=0",
+        "--config.train.ckpt_every=0",
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and len(_losses(tmp_path)) < 3:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    assert "received SIGTERM: saved a checkpoint at step" in out and "Traceback" not in err
+    saved = int(out.split("saved a checkpoint at step ")[1].split()[0])
+    assert saved >= 3
+    from relpos_jax.checkpoint import latest_step
+
+    assert latest_step(tmp_path / "checkpoints") == saved
+    again = _cli(
+        *command[1:-4],
+        f"--config.train.steps={saved + 2}",
+        "--config.train.log_every=1",
+        "--config.train.eval_every=0",
+        "--config.train.ckpt_every=0",
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == (
+        f"resuming from step {saved} in {tmp_path} (pass another --workdir to start fresh)"
+    )
