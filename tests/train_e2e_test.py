@@ -128,10 +128,10 @@ def test_eval_cli_without_checkpoint(tmp_path):
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr
 
 
-@pytest.mark.slow
-def test_train_and_eval_cli(tiny, tmp_path):
-    config, _ = tiny
-    overrides = [
+def _tiny_flags(config, workdir) -> list[str]:
+    """Command-line flags for txl_small shrunk to the tiny corpus and model, in ``workdir``."""
+    return [
+        "--config", "configs/txl_small.py", "--workdir", str(workdir),
         "--config.data.name=text",
         f"--config.data.path={config.data.path}",
         f"--config.data.dir={config.data.dir}",
@@ -141,28 +141,20 @@ def test_train_and_eval_cli(tiny, tmp_path):
         "--config.model.d_ff=64",
         "--config.data.segment_len=8",
         "--config.data.batch_size=4",
-        "--config.train.steps=3",
         "--config.train.eval_every=0",
-    ]
-    trained = _cli(
-        "train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), *overrides
-    )
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_train_and_eval_cli(tiny, tmp_path):
+    config, _ = tiny
+    overrides = [*_tiny_flags(config, tmp_path), "--config.train.steps=3"]
+    trained = _cli("train.py", *overrides)
     assert trained.returncode == 0, trained.stderr
     assert trained.stdout.splitlines()[0].startswith("training txl on text from scratch")
-    again = _cli(
-        "train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), *overrides
-    )
+    again = _cli("train.py", *overrides)
     assert again.stdout.splitlines()[0].startswith("resuming from step 3")
-    evaluated = _cli(
-        "eval.py",
-        "--config",
-        "configs/txl_small.py",
-        "--workdir",
-        str(tmp_path),
-        *overrides,
-        "--sample",
-        "8",
-    )
+    evaluated = _cli("eval.py", *overrides, "--sample", "8")
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
 
@@ -173,27 +165,12 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_p
     import time
 
     config, _ = tiny
-    command = [
-        sys.executable,
-        "train.py",
-        "--config",
-        "configs/txl_small.py",
-        "--workdir",
-        str(tmp_path),
-        "--config.data.name=text",
-        f"--config.data.path={config.data.path}",
-        f"--config.data.dir={config.data.dir}",
-        "--config.model.n_layers=1",
-        "--config.model.d_model=32",
-        "--config.model.n_heads=2",
-        "--config.model.d_ff=64",
-        "--config.data.segment_len=8",
-        "--config.data.batch_size=4",
-        "--config.train.steps=100000",
+    flags = [
+        *_tiny_flags(config, tmp_path),
         "--config.train.log_every=1",
-        "--config.train.eval_every=0",
         "--config.train.ckpt_every=0",
     ]
+    command = [sys.executable, "train.py", *flags, "--config.train.steps=100000"]
     process = subprocess.Popen(
         command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -209,13 +186,7 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_p
     from relpos_jax.checkpoint import latest_step
 
     assert latest_step(tmp_path / "checkpoints") == saved
-    again = _cli(
-        *command[1:-4],
-        f"--config.train.steps={saved + 2}",
-        "--config.train.log_every=1",
-        "--config.train.eval_every=0",
-        "--config.train.ckpt_every=0",
-    )
+    again = _cli("train.py", *flags, f"--config.train.steps={saved + 2}")
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[0] == (
         f"resuming from step {saved} in {tmp_path} (pass another --workdir to start fresh)"
