@@ -66,7 +66,10 @@ def get_config() -> ml_collections.ConfigDict:
     t.eval_every = 500  # validation during training (0: only at the end)
     t.eval_tokens = 131072  # validation tokens scored during training (0: the whole split)
     t.ckpt_every = 500
-    t.keep_checkpoints = 3
+    t.keep_checkpoints = 3  # the newest N; a corrupt newest one falls back to the one before
+    t.skip_nonfinite = False  # False: a NaN/Inf loss or gradient stops the run (checkpoint kept)
+    #   True: such a step changes nothing (parameters, optimizer, memory reset) and is counted
+    t.max_consecutive_skips = 10  # with skip_nonfinite: stop after this many bad steps in a row
 
     c.eval = e = ml_collections.ConfigDict()
     e.segment_len = config_dict.placeholder(int)  # None: data.segment_len

@@ -2,14 +2,47 @@
 
 Orbax writes each checkpoint into a temporary folder and renames it when complete, so a run killed
 mid-save leaves the previous checkpoint intact; the last ``keep`` are kept.
+
+Restoring goes from the newest checkpoint to the oldest. Before reading any array it checks that the
+checkpoint was written by a compatible config (the config fields saved with it, then every array's
+path and shape): a mismatch is the user's to fix and ends in one line naming the field. A checkpoint
+that cannot be read (truncated, corrupt, half-deleted) is reported, moved to ``corrupt/`` next to the
+checkpoints folder (nothing is deleted), and the one before it is used.
 """
 
 from __future__ import annotations
 
 import pathlib
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
+
+from relpos_jax.config import ConfigError
+
+# Config fields a checkpoint must agree on: they decide the shapes of the parameters, optimizer and
+# memory, or what the saved data position means. The others (dropout, dtype, clamp_len, lr, steps…)
+# may change when a run resumes.
+MUST_MATCH = {
+    "model": (
+        "position", "vocab_size", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "mem_len",
+        "untie_r", "pre_norm", "tie_embeddings", "max_len", "shaw_max_distance", "t5_num_buckets",
+        "deberta_bucket_size",
+    ),
+    "data": ("name", "path", "segment_len", "batch_size"),
+}  # fmt: skip
+
+
+class CheckpointError(ValueError):
+    """No checkpoint in a folder can be read; one line saying what was tried and what to do."""
+
+
+class _Unreadable(Exception):
+    """A checkpoint whose files cannot be read (the caller falls back to an older one)."""
 
 
 def _storable(mems: Any) -> dict[str, Any]:
@@ -17,11 +50,62 @@ def _storable(mems: Any) -> dict[str, Any]:
     return {"valid": mems.valid} | ({"states": mems.states} if mems.states.size else {})
 
 
+def _key_name(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{"a/b/c": shape} for every array (or array metadata) leaf of ``tree``."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    names = ("/".join(_key_name(k) for k in path) for path, _ in leaves)
+    # Saved trees spell a variable's array as ".../value": compare without it.
+    return {
+        name.removesuffix("/value"): _stored_shape(leaf)
+        for name, (_, leaf) in zip(names, leaves, strict=True)
+    }
+
+
+def _stored_shape(leaf: Any) -> tuple[int, ...]:
+    """A typed PRNG key is stored as its raw key data (e.g. shape () -> (2,))."""
+    if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+        return tuple(jax.random.key_data(leaf).shape)
+    return tuple(leaf.shape)
+
+
+def sections(config: Any) -> dict[str, dict[str, Any]]:
+    """The ``MUST_MATCH`` fields of a validated Config, as saved in each checkpoint's meta."""
+    return {
+        name: {field: getattr(getattr(config, name), field) for field in fields}
+        for name, fields in MUST_MATCH.items()
+    }
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def warn(message: str) -> None:
+    if jax.process_index() == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, *, keep: int = 3):
         self.directory = pathlib.Path(directory).resolve()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "mems": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        )
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -59,6 +143,83 @@ class Checkpointer:
         return self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state))
         )["state"]
+
+    def check_compatible(self, step: int, state: Any, config: Any) -> None:
+        """ConfigError naming the field when checkpoint ``step`` was written by another config;
+        ``_Unreadable`` when its metadata cannot be read."""
+        try:
+            meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
+            saved_shapes = _shapes(self.manager.item_metadata(step)["state"].tree)
+        except Exception as error:  # any failure to read: unreadable
+            raise _Unreadable(_first_line(error)) from error
+        where = f"the checkpoint at step {step} in {self.directory}"
+        saved = meta.get("config", {}) if isinstance(meta.get("config"), Mapping) else {}
+        for section, values in sections(config).items():
+            for field, value in values.items():
+                if field in saved.get(section, {}) and saved[section][field] != value:
+                    raise ConfigError(
+                        f"{section}.{field}={value!r} is invalid; {where} was written with "
+                        f"{section}.{field}={saved[section][field]!r}: use that value to resume, "
+                        "or another --workdir to start a new run"
+                    )
+        shapes = _shapes(state)
+        for path in sorted(set(shapes) | set(saved_shapes)):
+            if shapes.get(path) != saved_shapes.get(path):
+                raise ConfigError(
+                    f"config={path!r} is invalid; {where} holds {path} with shape "
+                    f"{saved_shapes.get(path, 'absent')}, this config makes "
+                    f"{shapes.get(path, 'absent')}: resume with the config that wrote it "
+                    "(train.clip, train.optimizer and the model fields), or use another --workdir"
+                )
+
+    def restore_newest(
+        self, read: Callable[[int], Any], *, state: Any, config: Any, set_aside: bool
+    ) -> tuple[int, Any] | None:
+        """``(step, read(step))`` for the newest checkpoint that is compatible and readable.
+
+        An unreadable one is reported and, with ``set_aside``, moved to ``corrupt/`` so that the
+        run continues from the one before it. None when the folder holds no checkpoint; a
+        CheckpointError (nothing moved) when none of them can be read.
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        failures = []
+        for step in steps:
+            try:
+                self.check_compatible(step, state, config)
+                restored = read(step)
+            except ConfigError:
+                raise
+            except Exception as error:  # unreadable: try the one before
+                reason = str(error) if isinstance(error, _Unreadable) else _first_line(error)
+                failures.append((step, reason))
+                continue
+            for bad, reason in failures:
+                moved = self._set_aside(bad) if set_aside else None
+                warn(
+                    f"the checkpoint at step {bad} in {self.directory} cannot be read ({reason}); "
+                    + (f"moved it to {moved}; " if moved else "")
+                    + f"using step {step}"
+                )
+            return step, restored
+        if failures:
+            step, reason = failures[0]
+            raise CheckpointError(
+                f"checkpoint={str(self.directory)!r} is invalid; none of its {len(steps)} "
+                f"checkpoints can be read (step {step}: {reason}); move the folder away to start "
+                "a new run"
+            )
+        return None
+
+    def _set_aside(self, step: int) -> pathlib.Path | None:
+        if jax.process_index() != 0:
+            return None
+        target = self.directory.parent / "corrupt" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.directory / str(step)), target)
+        self.manager.reload()
+        return target
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -13,6 +13,7 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
+from relpos_jax.checkpoint import CheckpointError
 from relpos_jax.config import ConfigError
 from relpos_jax.data import DataError
 
@@ -92,4 +93,4 @@ def exit_with(message: str) -> None:
     sys.exit(2)
 
 
-USER_ERRORS = (ConfigError, DataError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError)

@@ -49,6 +49,30 @@ def _check_int(field: str, value: Any, low: int) -> None:
         fail(field, value, f"use an integer ≥ {low}")
 
 
+_TYPES = {"int": int, "float": int | float, "bool": bool, "str": str}
+
+
+def check_types(section: str, instance: Any) -> None:
+    """Every field has the type its annotation names (``int | None`` allows None; a float field
+    takes an int; bool is never an int) before any range check runs."""
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        kinds = [k.strip() for k in str(field.type).split("|")]
+        if value is None and "None" in kinds:
+            continue
+        base = kinds[0]
+        if base.startswith("Mapping"):
+            ok = isinstance(value, Mapping)
+        elif base.startswith("tuple"):
+            ok = isinstance(value, tuple | list) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            )
+        else:
+            ok = isinstance(value, _TYPES[base]) and (base == "bool" or not isinstance(value, bool))
+        if not ok:
+            fail(f"{section}.{field.name}", value, f"use a value of type {field.type}")
+
+
 def _check_rate(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
         fail(field, value, "use a probability in [0, 1)")
@@ -87,6 +111,7 @@ class ModelConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        check_types("model", self)
         if self.dtype not in ("float32", "bfloat16"):
             fail("model.dtype", self.dtype, "use float32 or bfloat16")
         if self.position not in POSITIONS:
@@ -116,6 +141,11 @@ class ModelConfig:
             )
         if self.d_head is not None:
             _check_int("model.d_head", self.d_head, 1)
+        for name in ("init_std", "rope_base"):
+            if not getattr(self, name) > 0:
+                fail(f"model.{name}", getattr(self, name), "use a positive value")
+        if not 0 < self.rope_fraction <= 1:
+            fail("model.rope_fraction", self.rope_fraction, "use a fraction in (0, 1]")
         if self.clamp_len is not None:
             _check_int("model.clamp_len", self.clamp_len, 1)
         if self.position in ("txl", "sinusoid") and self.d_model % 2:
@@ -197,6 +227,7 @@ class DataConfig:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_types("data", self)
         known = ("pystdlib", "text", "enwik8", "text8")
         if not isinstance(self.name, str) or not (
             self.name in known or self.name.startswith("tfds:")
@@ -224,9 +255,18 @@ class TrainConfig:
     eval_tokens: int = 131072
     ckpt_every: int = 500
     keep_checkpoints: int = 3
+    skip_nonfinite: bool = False
+    max_consecutive_skips: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("steps", "log_every", "grad_accum", "keep_checkpoints"):
+        check_types("train", self)
+        for name in (
+            "steps",
+            "log_every",
+            "grad_accum",
+            "keep_checkpoints",
+            "max_consecutive_skips",
+        ):
             _check_int(f"train.{name}", getattr(self, name), 1)
         for name in ("warmup_steps", "eval_every", "eval_tokens", "ckpt_every", "seed"):
             _check_int(f"train.{name}", getattr(self, name), 0)
@@ -252,10 +292,13 @@ class EvalConfig:
     lengths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        check_types("eval", self)
         _check_int("eval.batch_size", self.batch_size, 1)
         for name, low in (("segment_len", 1), ("mem_len", 0), ("clamp_len", 1)):
             if getattr(self, name) is not None:
                 _check_int(f"eval.{name}", getattr(self, name), low)
+        for length in self.lengths:
+            _check_int("eval.lengths", length, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +308,7 @@ class MeshConfig:
     tensor: int = 1
 
     def __post_init__(self) -> None:
+        check_types("mesh", self)
         for name in ("data", "fsdp", "tensor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):

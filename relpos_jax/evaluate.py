@@ -111,7 +111,10 @@ def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
     model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
-    restored = Checkpointer(directory).restore_params(step, state)
+    checkpointer = Checkpointer(directory)
+    step, restored = checkpointer.restore_newest(
+        lambda s: checkpointer.restore_params(s, state), state=state, config=cfg, set_aside=False
+    )
     model, _ = nnx.merge(graphdef, restored)
     return model, cfg, step
 

@@ -1,6 +1,7 @@
 """Where numbers go: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events.
 
-Only process 0 writes; other processes get a writer that does nothing.
+Only process 0 writes; other processes get a writer that does nothing. A resumed run appends to the
+same file; a record cut short by a kill is dropped first, so every line stays one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class MetricsWriter:
             from tensorboardX import SummaryWriter
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_partial_line(self.path)
             self._board = SummaryWriter(str(self.path.parent / "tensorboard"))
 
     def write(self, step: int, values: dict[str, Any]) -> None:
@@ -45,6 +47,16 @@ def _plain(value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError):
         return value
+
+
+def _drop_partial_line(path: pathlib.Path) -> None:
+    """A run killed mid-write leaves half a record at the end: cut it, keep every whole line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as file:
+            file.truncate(data.rfind(b"\n") + 1)
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:

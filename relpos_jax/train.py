@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from relpos_jax import data as data_lib
 from relpos_jax import sharding
-from relpos_jax.checkpoint import Checkpointer
+from relpos_jax.checkpoint import Checkpointer, sections
 from relpos_jax.config import Config, TrainConfig
 from relpos_jax.evaluate import evaluate_split
 from relpos_jax.memory import Memory, init_mems
@@ -46,7 +46,12 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
         update = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     else:
         update = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip), update) if cfg.clip > 0 else update
+    if cfg.clip > 0:
+        update = optax.chain(optax.clip_by_global_norm(cfg.clip), update)
+    # A step whose gradients hold a NaN or Inf changes neither the parameters nor the optimizer
+    # state, and is counted (total_notfinite); the loop then stops the run or, with
+    # train.skip_nonfinite, goes on (and stops after max_consecutive_skips in a row).
+    return optax.apply_if_finite(update, max_consecutive_errors=cfg.max_consecutive_skips)
 
 
 def _loss(model, inputs, targets, mems):
@@ -81,7 +86,20 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
         loss = jnp.mean(jnp.stack(losses))
         new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
     optimizer.update(model, grads)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # After a non-finite step the memory may hold NaNs too: start the next segment without context.
+    new_mems = jax.tree.map(
+        lambda new, empty: jnp.where(finite, new, empty),
+        new_mems,
+        jax.tree.map(jnp.zeros_like, mems),
+    )
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "finite": finite,
+        "skipped": optimizer.opt_state.total_notfinite[...],
+    }
     return nnx.state((model, optimizer)), new_mems, metrics
 
 
@@ -91,7 +109,8 @@ def _scalar(x: jax.Array) -> float:
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or Inf; the message names the step and the checkpoint that is kept."""
+    """The loss or gradient became NaN or Inf; the message names the step, the quantity and the
+    checkpoint that is kept."""
 
 
 class _StopSignals:
@@ -182,6 +201,7 @@ class Trainer:
         )
         self.resumed_from = self._restore()
         self.stopped_by: str | None = None
+        self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
 
     def _build(self) -> tuple[TransformerLM, nnx.Optimizer]:
         cfg = self.config
@@ -198,10 +218,15 @@ class Trainer:
         return graphdef, state
 
     def _restore(self) -> int | None:
-        latest = self.checkpointer.latest_step()
-        if latest is None:
+        found = self.checkpointer.restore_newest(
+            lambda step: self.checkpointer.restore(step, state=self.state, mems=self.mems),
+            state=self.state,
+            config=self.config,
+            set_aside=True,
+        )
+        if found is None:
             return None
-        restored = self.checkpointer.restore(latest, state=self.state, mems=self.mems)
+        _, restored = found
         self.state, self.mems = restored["state"], restored["mems"]
         self.iterator.set_state(restored["data"])
         self.step = int(restored["meta"]["step"])
@@ -213,8 +238,45 @@ class Trainer:
             state=self.state,
             mems=self.mems,
             data=self.iterator.get_state(),
-            meta={"step": self.step, "config": repr(self.config)},
+            meta={"step": self.step, "config": sections(self.config)},
         )
+
+    def skipped_steps(self) -> int:
+        """Steps whose loss or gradient was NaN/Inf and that changed nothing (all runs)."""
+        _, optimizer = nnx.merge(self.graphdef, self.state)
+        return int(_scalar(optimizer.opt_state.total_notfinite[...]))
+
+    def _check_finite(self, step: int, metrics: dict[str, jax.Array], bar) -> None:
+        """Stop (or, with train.skip_nonfinite, count) a step with a NaN/Inf loss or gradient."""
+        if bool(_scalar(metrics["finite"])):
+            self._bad_in_a_row = 0
+            return
+        cfg = self.config.train
+        loss, norm = _scalar(metrics["loss"]), _scalar(metrics["grad_norm"])
+        quantity = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {norm}"
+        kept = (
+            f"the last good checkpoint (step {self.checkpointer.latest_step()}) is kept in "
+            f"{self.workdir / 'checkpoints'}"
+        )
+        if not cfg.skip_nonfinite:
+            bar.close()
+            raise NonFiniteLoss(
+                f"train: the {quantity} at step {step}; the step was not applied and {kept}; "
+                "lower train.lr, raise train.warmup_steps, or set train.skip_nonfinite=True "
+                "to skip such steps"
+            )
+        self._bad_in_a_row += 1
+        bar.write(
+            f"step {step}: the {quantity}; skipped it (parameters and optimizer unchanged, memory "
+            f"reset), {int(_scalar(metrics['skipped']))} skipped in all"
+        )
+        if self._bad_in_a_row >= cfg.max_consecutive_skips:
+            bar.close()
+            raise NonFiniteLoss(
+                f"train: the {quantity} at step {step}, the {self._bad_in_a_row}th non-finite step "
+                f"in a row (train.max_consecutive_skips); {kept}; lower train.lr or raise "
+                "train.warmup_steps"
+            )
 
     def current_model(self) -> TransformerLM:
         model, _ = nnx.merge(self.graphdef, self.state)
@@ -254,9 +316,18 @@ class Trainer:
         )
         window_start, window_steps, last = time.perf_counter(), 0, {}
         run_start, first_step = time.perf_counter(), self.step
+        unchecked = None  # (step, metrics) of the newest step, checked once the next is queued
+
+        def settle():  # no checkpoint, evaluation or log before the last step is known finite
+            nonlocal unchecked
+            if unchecked is not None:
+                self._check_finite(*unchecked, bar)
+                unchecked = None
+
         while self.step < cfg.steps:
             stop = stop_after is not None and self.step >= stop_after
             if stop or signals.received(every=cfg.log_every, step=self.step):
+                settle()
                 bar.close()
                 self.save()
                 self.checkpointer.wait()
@@ -266,25 +337,25 @@ class Trainer:
             batch = sharding.global_batch(next(self.iterator), self.mesh)
             self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
             self.step += 1
+            settle()  # the previous step: done by now, as the new one needed its state
+            unchecked = (self.step, metrics)
             window_steps += 1
             bar.update(1)
             if self.step == first_step + 1:  # the first step compiled: time from here on
                 jax.block_until_ready(metrics["loss"])
                 window_start, window_steps = time.perf_counter(), 0
-            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+            log_now = self.step % cfg.log_every == 0 or self.step == cfg.steps
+            eval_now = cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps
+            if log_now or eval_now or (cfg.ckpt_every and self.step % cfg.ckpt_every == 0):
+                settle()
+            if log_now:
                 loss = _scalar(metrics["loss"])
-                if not np.isfinite(loss):
-                    bar.close()
-                    raise NonFiniteLoss(
-                        f"train: loss is {loss} at step {self.step}; the last good checkpoint "
-                        f"(step {self.checkpointer.latest_step()}) is kept in {self.workdir}; "
-                        "lower train.lr or raise train.warmup_steps"
-                    )
                 elapsed = time.perf_counter() - window_start
                 last = {
                     "train/loss": loss,
                     "train/bpc": loss * BITS_PER_NAT,
                     "train/grad_norm": _scalar(metrics["grad_norm"]),
+                    "train/skipped_steps": int(_scalar(metrics["skipped"])),
                     "tokens_per_sec": window_steps * tokens_per_step / elapsed,
                 }
                 writer.write(self.step, last)
@@ -294,7 +365,7 @@ class Trainer:
                     tok_s=f"{last['tokens_per_sec']:,.0f}",
                 )
                 window_start, window_steps = time.perf_counter(), 0
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+            if eval_now:
                 valid = self.validate(cfg.eval_tokens)
                 writer.write(self.step, {"valid/bpc": valid["bpc"], "valid/loss": valid["loss"]})
                 bar.write(
@@ -303,6 +374,7 @@ class Trainer:
                 window_start, window_steps = time.perf_counter(), 0
             if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                 self.save()
+        settle()
         bar.close()
         if self.checkpointer.latest_step() != self.step:
             self.save()
@@ -316,6 +388,7 @@ class Trainer:
             "valid_tokens": valid["tokens"],
             "train_bpc": last.get("train/bpc", _last_logged(self.workdir, "train/bpc")),
             "seconds": time.perf_counter() - run_start,
+            "skipped_steps": self.skipped_steps(),
             "parameters": sum(
                 x.size for x in jax.tree.leaves(nnx.state(self.current_model(), nnx.Param))
             ),
