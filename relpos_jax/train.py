@@ -85,9 +85,12 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
         grads = jax.tree.map(lambda g: g / grad_accum, grads)
         loss = jnp.mean(jnp.stack(losses))
         new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
-    optimizer.update(model, grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # A NaN loss can come with finite gradients (e.g. from a branch with zero derivative): make the
+    # optimizer's apply_if_finite see it too, so that such a step changes nothing either.
+    grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.nan), grads)
+    optimizer.update(model, grads)
     # After a non-finite step the memory may hold NaNs too: start the next segment without context.
     new_mems = jax.tree.map(
         lambda new, empty: jnp.where(finite, new, empty),
@@ -252,6 +255,7 @@ class Trainer:
             self._bad_in_a_row = 0
             return
         cfg = self.config.train
+        self.checkpointer.wait()  # a save still being written is finished before the run ends
         loss, norm = _scalar(metrics["loss"]), _scalar(metrics["grad_norm"])
         quantity = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {norm}"
         kept = (
@@ -273,8 +277,8 @@ class Trainer:
         if self._bad_in_a_row >= cfg.max_consecutive_skips:
             bar.close()
             raise NonFiniteLoss(
-                f"train: the {quantity} at step {step}, the {self._bad_in_a_row}th non-finite step "
-                f"in a row (train.max_consecutive_skips); {kept}; lower train.lr or raise "
+                f"train: the {quantity} at step {step}, non-finite for {self._bad_in_a_row} "
+                f"steps in a row (train.max_consecutive_skips); {kept}; lower train.lr or raise "
                 "train.warmup_steps"
             )
 

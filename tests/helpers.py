@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 from flax import nnx
 
 from relpos_jax import TransformerLM
+from relpos_jax.metrics import read_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def tiny_model(position: str, seed: int = 0, **overrides) -> TransformerLM:
@@ -28,3 +35,30 @@ def tiny_model(position: str, seed: int = 0, **overrides) -> TransformerLM:
     )
     config.update(overrides)
     return TransformerLM(config, rngs=nnx.Rngs(seed))
+
+
+def logged_losses(workdir):
+    return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+
+
+def tiny_flags(config, workdir) -> list[str]:
+    """Command-line flags for txl_small shrunk to the tiny corpus and model, in ``workdir``."""
+    return [
+        "--config", "configs/txl_small.py", "--workdir", str(workdir),
+        "--config.data.name=text",
+        f"--config.data.path={config.data.path}",
+        f"--config.data.dir={config.data.dir}",
+        "--config.model.n_layers=1",
+        "--config.model.d_model=32",
+        "--config.model.n_heads=2",
+        "--config.model.d_ff=64",
+        "--config.data.segment_len=8",
+        "--config.data.batch_size=4",
+        "--config.train.eval_every=0",
+    ]  # fmt: skip

@@ -10,38 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from relpos_jax.config import ConfigError, load_config
+from relpos_jax.config import ConfigError
 from relpos_jax.evaluate import restore_model, run_eval
-from relpos_jax.metrics import read_metrics
 from relpos_jax.train import Trainer
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    rng = np.random.default_rng(0)
-    words = ["alpha", "beta", "gamma", "delta", "(", ")", ":", "\n", "    "]
-    (root / "corpus.txt").write_text(" ".join(rng.choice(words, 6000)))
-    config = load_config(ROOT / "configs" / "txl_small.py")
-    config.model.update(n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=8, dropout=0.1)
-    config.data.update(
-        name="text",
-        path=str(root / "corpus.txt"),
-        dir=str(root / "tfds"),
-        segment_len=8,
-        batch_size=4,
-    )
-    config.train.update(
-        steps=8, log_every=1, eval_every=4, eval_tokens=200, ckpt_every=4, warmup_steps=2
-    )
-    config.eval.update(segment_len=6, mem_len=20, batch_size=3)
-    return config, root
-
-
-def _losses(workdir):
-    return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
+from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
 
 
 @pytest.mark.slow
@@ -49,7 +21,7 @@ def test_train_resume_and_evaluate(tiny, tmp_path):
     config, _ = tiny
     straight = Trainer(config, tmp_path / "straight").run()
     assert straight["step"] == 8 and np.isfinite(straight["valid_bpc"])
-    losses = _losses(tmp_path / "straight")
+    losses = logged_losses(tmp_path / "straight")
     assert [s for s, _ in losses] == list(range(1, 9))
 
     interrupted = Trainer(config, tmp_path / "resumed")
@@ -58,7 +30,7 @@ def test_train_resume_and_evaluate(tiny, tmp_path):
     assert resumed.resumed_from == 5
     resumed.run()
     # Parameters, optimizer, memory, dropout RNG and data position all came back: same losses.
-    assert _losses(tmp_path / "resumed") == losses
+    assert logged_losses(tmp_path / "resumed") == losses
 
     model, cfg, step = restore_model(config, tmp_path / "resumed")
     results = run_eval(model, cfg, ["valid", "test"])
@@ -91,18 +63,12 @@ def test_gradient_accumulation_equals_the_whole_batch(tiny, tmp_path):
     Trainer(config, tmp_path / "whole").run(stop_after=3)
     config.train.grad_accum = 2
     Trainer(config, tmp_path / "micro").run(stop_after=3)
-    whole, micro = _losses(tmp_path / "whole"), _losses(tmp_path / "micro")
+    whole, micro = logged_losses(tmp_path / "whole"), logged_losses(tmp_path / "micro")
     assert [s for s, _ in micro] == [1, 2, 3]
     np.testing.assert_allclose([l for _, l in micro], [l for _, l in whole], rtol=1e-5)
     config.train.grad_accum = 3
     with pytest.raises(ConfigError, match=r"train\.grad_accum=3"):
         Trainer(config, tmp_path / "bad")
-
-
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
 
 
 @pytest.mark.slow
@@ -115,7 +81,9 @@ def _cli(*args):
     ],
 )
 def test_cli_errors_are_one_line(tmp_path, flag, names):
-    result = _cli("train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), flag)
+    result = run_cli(
+        "train.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path), flag
+    )
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and names in errors[0], result.stderr
@@ -124,37 +92,20 @@ def test_cli_errors_are_one_line(tmp_path, flag, names):
 
 @pytest.mark.slow
 def test_eval_cli_without_checkpoint(tmp_path):
-    result = _cli("eval.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path))
+    result = run_cli("eval.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path))
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr
 
 
-def _tiny_flags(config, workdir) -> list[str]:
-    """Command-line flags for txl_small shrunk to the tiny corpus and model, in ``workdir``."""
-    return [
-        "--config", "configs/txl_small.py", "--workdir", str(workdir),
-        "--config.data.name=text",
-        f"--config.data.path={config.data.path}",
-        f"--config.data.dir={config.data.dir}",
-        "--config.model.n_layers=1",
-        "--config.model.d_model=32",
-        "--config.model.n_heads=2",
-        "--config.model.d_ff=64",
-        "--config.data.segment_len=8",
-        "--config.data.batch_size=4",
-        "--config.train.eval_every=0",
-    ]  # fmt: skip
-
-
 @pytest.mark.slow
-def test_train_and_eval_cli(tiny, tmp_path):
+def test_train_and_evalrun_cli(tiny, tmp_path):
     config, _ = tiny
-    overrides = [*_tiny_flags(config, tmp_path), "--config.train.steps=3"]
-    trained = _cli("train.py", *overrides)
+    overrides = [*tiny_flags(config, tmp_path), "--config.train.steps=3"]
+    trained = run_cli("train.py", *overrides)
     assert trained.returncode == 0, trained.stderr
     assert trained.stdout.splitlines()[0].startswith("training txl on text from scratch")
-    again = _cli("train.py", *overrides)
+    again = run_cli("train.py", *overrides)
     assert again.stdout.splitlines()[0].startswith("resuming from step 3")
-    evaluated = _cli("eval.py", *overrides, "--sample", "8")
+    evaluated = run_cli("eval.py", *overrides, "--sample", "8")
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
 
@@ -166,7 +117,7 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_p
 
     config, _ = tiny
     flags = [
-        *_tiny_flags(config, tmp_path),
+        *tiny_flags(config, tmp_path),
         "--config.train.log_every=1",
         "--config.train.ckpt_every=0",
     ]
@@ -175,7 +126,7 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_p
         command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     deadline = time.time() + 240
-    while time.time() < deadline and len(_losses(tmp_path)) < 3:
+    while time.time() < deadline and len(logged_losses(tmp_path)) < 3:
         time.sleep(0.5)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
@@ -186,7 +137,7 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_p
     from relpos_jax.checkpoint import latest_step
 
     assert latest_step(tmp_path / "checkpoints") == saved
-    again = _cli("train.py", *flags, f"--config.train.steps={saved + 2}")
+    again = run_cli("train.py", *flags, f"--config.train.steps={saved + 2}")
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[0] == (
         f"resuming from step {saved} in {tmp_path} (pass another --workdir to start fresh)"
