@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import pathlib
 import sys
 from collections.abc import Mapping
@@ -71,6 +72,8 @@ def check_types(section: str, instance: Any) -> None:
             ok = isinstance(value, _TYPES[base]) and (base == "bool" or not isinstance(value, bool))
         if not ok:
             fail(f"{section}.{field.name}", value, f"use a value of type {field.type}")
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"{section}.{field.name}", value, "use a finite number")
 
 
 def _check_rate(field: str, value: Any) -> None:
@@ -199,7 +202,7 @@ class ModelConfig:
         if isinstance(config, cls):
             return config
         values = _section_values(cls, "model", config)
-        if values.get("rope_scaling") is not None:
+        if isinstance(values.get("rope_scaling"), Mapping):
             values["rope_scaling"] = dict(values["rope_scaling"])
         return cls(**values)
 

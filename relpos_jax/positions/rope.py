@@ -72,6 +72,17 @@ _KNOWN_KEYS = frozenset(
 )
 
 
+_POSITIVE = (
+    "original_max_position_embeddings",
+    "max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "low_freq_factor",
+    "high_freq_factor",
+)
+
+
 def _validated(scaling: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
     if scaling is None:
         return "default", {}
@@ -106,6 +117,16 @@ def _validated(scaling: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
             )
     if kind != "default" and params.get("factor") is not None:
         _checks.positive_float("rope_inv_freq", "scaling['factor']", params["factor"])
+    for key in _POSITIVE:
+        if params.get(key) is not None:
+            _checks.positive_float("rope_inv_freq", f"scaling['{key}']", params[key])
+    if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
+        _checks.fail(
+            "rope_inv_freq",
+            "scaling['high_freq_factor']",
+            params["high_freq_factor"],
+            f"it must exceed low_freq_factor={params['low_freq_factor']}",
+        )
     return kind, params
 
 
