@@ -33,13 +33,16 @@ class CorpusConfig(tfds.core.BuilderConfig):
 
 
 def _chunks(pieces, size=CHUNK):
-    buffer = bytearray()
+    """Records of ``size`` bytes; an empty split is one empty record (tfds needs one), so that an
+    empty or tiny corpus reaches the pipeline's one-line "too small" error instead."""
+    buffer, written = bytearray(), False
     for piece in pieces:
         buffer += piece
         while len(buffer) >= size:
             yield bytes(buffer[:size])
+            written = True
             del buffer[:size]
-    if buffer:
+    if buffer or not written:
         yield bytes(buffer)
 
 
