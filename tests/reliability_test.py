@@ -339,3 +339,16 @@ def test_a_dataset_that_became_empty_fails_in_one_line_and_damages_nothing(tiny,
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
     assert "data.batch_size=4 is invalid for a split of 0 tokens" in errors[0], errors
     assert {p: p.read_bytes() for p in _files(tmp_path / "run")} == written
+
+
+@pytest.mark.slow
+def test_evaluation_skips_a_corrupt_newest_checkpoint_and_moves_nothing(stopped_at_6, tmp_path):
+    from relpos_jax.evaluate import restore_model
+
+    config, stopped, _ = stopped_at_6
+    workdir = tmp_path / "run"
+    shutil.copytree(stopped, workdir)
+    _truncate(workdir / "checkpoints" / "6")
+    before = _files(workdir)
+    _, _, step = restore_model(config, workdir)
+    assert step == 4 and _files(workdir) == before

@@ -97,7 +97,7 @@ def test_eval_cli_without_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_and_evalrun_cli(tiny, tmp_path):
+def test_train_and_eval_cli(tiny, tmp_path):
     config, _ = tiny
     overrides = [*tiny_flags(config, tmp_path), "--config.train.steps=3"]
     trained = run_cli("train.py", *overrides)
