@@ -107,7 +107,8 @@ def test_meshes_train_like_one_device(tmp_path):
         assert specs["0/embed/embedding/.value"] == "P(None, 'fsdp')", name
         # optimizer moments follow their parameters
         assert (
-            specs["1/opt_state/1/0/mu/blocks/0/attention/w_q/.value"] == "P('fsdp', 'tensor', None)"
+            specs["1/opt_state/inner_state/1/0/mu/blocks/0/attention/w_q/.value"]
+            == "P('fsdp', 'tensor', None)"
         )
         assert run["w_q_shard"] == shard_of_w_q[name], name
         assert run["mems"] == "P(None, ('data', 'fsdp'), None, None)"
