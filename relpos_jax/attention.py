@@ -78,6 +78,26 @@ class Attention(nnx.Module):
     ) -> jax.Array:
         """Queries from ``x`` (the segment), keys and values from ``window`` (memory + segment)."""
         dtype = x_BTD.dtype
+        q, k, v = self._project(x_BTD, window_BKD, ctx)
+        weights = self._softmax(q, k, ctx)
+        weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
+
+        out = jnp.einsum("bnqk,bknh->bqnh", weights, v)
+        if self.position == "shaw":
+            out = out + P.shaw_value_output(
+                weights, self.table_v[...].astype(dtype), ctx.q_pos, ctx.k_pos
+            )
+        return jnp.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+
+    def probabilities(
+        self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext
+    ) -> jax.Array:
+        """The attention probabilities ``[B, N, T, K]`` (before dropout): what ``viz`` draws."""
+        q, k, _ = self._project(x_BTD, window_BKD, ctx)
+        return self._softmax(q, k, ctx)
+
+    def _project(self, x_BTD, window_BKD, ctx: PositionContext):
+        dtype = x_BTD.dtype
         q = jnp.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(dtype))
         k, v = jnp.unstack(jnp.einsum("bkd,dsnh->sbknh", window_BKD, self.w_kv[...].astype(dtype)))
         if self.position == "rope":
@@ -87,21 +107,15 @@ class Attention(nnx.Module):
             k = P.apply_rope(
                 k, ctx.k_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
             )
+        return q, k, v
 
+    def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
         logits = self._content_and_position_logits(q, k, ctx)
-        logits = logits.astype(jnp.promote_types(dtype, jnp.float32)) * self.scale
+        logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
         if ctx.bias is not None:
             logits = logits + ctx.bias
         logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
-        weights = jax.nn.softmax(logits, axis=-1)
-        weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
-
-        out = jnp.einsum("bnqk,bknh->bqnh", weights, v)
-        if self.position == "shaw":
-            out = out + P.shaw_value_output(
-                weights, self.table_v[...].astype(dtype), ctx.q_pos, ctx.k_pos
-            )
-        return jnp.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+        return jax.nn.softmax(logits, axis=-1)
 
     def _content_and_position_logits(self, q, k, ctx: PositionContext) -> jax.Array:
         dtype = q.dtype

@@ -53,17 +53,24 @@ class Block(nnx.Module):
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x_BTD, mem_BMD, ctx: PositionContext, *, deterministic: bool) -> jax.Array:
+        queries, window = self._attention_inputs(x_BTD, mem_BMD)
+        attended = self.attention(queries, window, ctx, deterministic=deterministic)
+        if self.pre_norm:
+            x = x_BTD + self.drop(attended, deterministic=deterministic)
+            return x + self.feed_forward(self.norm_feed_forward(x), deterministic=deterministic)
+        x = self.norm_attention(x_BTD + self.drop(attended, deterministic=deterministic))
+        return self.norm_feed_forward(x + self.feed_forward(x, deterministic=deterministic))
+
+    def attention_probabilities(self, x_BTD, mem_BMD, ctx: PositionContext) -> jax.Array:
+        return self.attention.probabilities(*self._attention_inputs(x_BTD, mem_BMD), ctx)
+
+    def _attention_inputs(self, x_BTD, mem_BMD) -> tuple[jax.Array, jax.Array]:
+        """(queries' input, keys' window): pre-norm normalises memory + segment together."""
         window = jnp.concatenate([mem_BMD.astype(x_BTD.dtype), x_BTD], axis=1)
         if self.pre_norm:
             window = self.norm_attention(window)
-            attended = self.attention(
-                window[:, mem_BMD.shape[1] :], window, ctx, deterministic=deterministic
-            )
-            x = x_BTD + self.drop(attended, deterministic=deterministic)
-            return x + self.feed_forward(self.norm_feed_forward(x), deterministic=deterministic)
-        attended = self.attention(x_BTD, window, ctx, deterministic=deterministic)
-        x = self.norm_attention(x_BTD + self.drop(attended, deterministic=deterministic))
-        return self.norm_feed_forward(x + self.feed_forward(x, deterministic=deterministic))
+            return window[:, mem_BMD.shape[1] :], window
+        return x_BTD, window
 
 
 class TransformerLM(nnx.Module):
@@ -176,6 +183,23 @@ class TransformerLM(nnx.Module):
         x = self.drop(x, deterministic=deterministic)
         logits = self.embed.attend(x) if cfg.tie_embeddings else self.head(x)
         return logits.astype(jnp.float32), new_mems
+
+    def attention_probabilities(
+        self, tokens: jax.Array, mems: memory_lib.Memory | None = None, *, layer: int = 0
+    ) -> jax.Array:
+        """Layer ``layer``'s attention probabilities ``[B, N, T, M + T]`` for one segment (no
+        dropout); keys are the memory slots, then the segment."""
+        if not 0 <= layer < self.config.n_layers:
+            raise ValueError(
+                f"attention_probabilities: layer={layer} is invalid; use 0…{self.config.n_layers - 1}"
+            )
+        mems = self.init_mems(tokens.shape[0]) if mems is None else mems
+        ctx = self._position_context(mems, tokens.shape[1], 0, None, True)
+        x = self.embed(tokens) * math.sqrt(self.config.d_model)
+        x = self._add_absolute_positions(x, ctx.q_pos)
+        for block, mem_BMD in zip(self.blocks[:layer], mems.states[:layer], strict=True):
+            x = block(x, mem_BMD, ctx, deterministic=True)
+        return self.blocks[layer].attention_probabilities(x, mems.states[layer], ctx)
 
     def _add_absolute_positions(self, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
         cfg = self.config
