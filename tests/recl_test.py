@@ -1,0 +1,163 @@
+"""RECL (Transformer-XL Appendix C): answers known by construction, the paper's formula, validation,
+and the per-context losses of a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from relpos_jax import data as data_lib
+from relpos_jax.evaluate import evaluate
+from relpos_jax.recl import context_token_losses, recl, relative_gain, relative_gains
+from tests.helpers import tiny_model
+
+CONTEXTS = [100, 200, 300, 400, 500, 600]
+
+
+def _improving_until(base, stop, step=0.1):
+    """{c: base − step per 100 of context up to ``stop``}: no gain past ``stop``."""
+    return {c: base - step * min(c, stop) / 100 for c in CONTEXTS}
+
+
+def test_recl_is_where_losses_stop_improving(rng):
+    base = rng.uniform(2.0, 4.0, 500)
+    assert recl({"xl": _improving_until(base, 300)}, r=1.0) == {"xl": 300}
+    assert recl({"xl": _improving_until(base, 300)}, r=0.1) == {"xl": 300}
+
+
+def test_recl_never_below_threshold_is_the_longest_context(rng):
+    base = rng.uniform(2.0, 4.0, 50)
+    assert recl({"xl": _improving_until(base, 10_000)}, r=0.5) == {"xl": 600}
+
+
+def test_gains_count_only_below_the_group_baseline(rng):
+    """A model that improves by itself but never beats the group's best short-context loss gains 0."""
+    base = rng.uniform(2.0, 4.0, 200)
+    group = {"xl": _improving_until(base, 500), "rnn": _improving_until(base + 1.0, 500)}
+    assert recl({"rnn": group["rnn"]}, r=1.0) == {"rnn": 500}  # alone: its own baseline
+    assert recl(group, r=1.0) == {"xl": 500, "rnn": 100}  # the rnn never reaches xl's losses
+
+
+def test_r_selects_the_hardest_tokens():
+    """10 hard tokens keep improving until 500, 90 easy ones stop at 200: r picks which counts."""
+    hard = np.arange(100) % 10 == 0
+    table = {
+        c: np.where(hard, 8.0 - 0.05 * min(c, 500) / 100, 1.0 - 0.1 * min(c, 200) / 100)
+        for c in CONTEXTS
+    }
+    # r = 0.1: T = the hard tokens, gain 1 − e^−0.05 ≈ 0.049 per step until 500.
+    assert recl({"xl": table}, r=0.1) == {"xl": 500}
+    # r = 1.0: after 200 the hard tokens move the mean by 0.005 only: gain ≈ 0.005 < 0.01.
+    assert recl({"xl": table}, r=1.0) == {"xl": 200}
+
+
+def _paper_gain(losses_c, losses_long_i, r):
+    """g_i(c, c′) straight from Appendix C, with Python loops; losses_c: every model's l(c, ·)."""
+    n = len(losses_c[0])
+    b = [min(model[t] for model in losses_c) for t in range(n)]
+    hard = sorted(range(n), key=lambda t: -b[t])[: math.ceil(r * n)]
+
+    def f(long_losses):
+        return sum(min(b[t], long_losses[t]) for t in hard) / len(hard)
+
+    own_short = losses_c[0]  # f_i(c, c) with model i = model 0
+    return (math.exp(f(own_short)) - math.exp(f(losses_long_i))) / math.exp(f(own_short))
+
+
+@pytest.mark.parametrize("r", [0.1, 0.5, 1.0])
+def test_relative_gain_matches_the_paper_formula(rng, r):
+    losses_c = [rng.uniform(0.5, 6.0, 40) for _ in range(3)]
+    long_i = losses_c[0] - rng.uniform(-0.5, 1.0, 40)
+    baseline = np.min(losses_c, axis=0)
+    np.testing.assert_allclose(
+        relative_gain(baseline, long_i, r=r), _paper_gain(losses_c, long_i, r), rtol=1e-12
+    )
+    group = {name: {1: short, 2: long_i} for name, short in zip("abc", losses_c, strict=True)}
+    gains = relative_gains(group, r=r)
+    np.testing.assert_allclose(gains["a"][1], _paper_gain(losses_c, long_i, r), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("token_losses", "r", "match"),
+    [
+        ({}, 0.1, "token_losses is empty"),
+        ({"xl": {100: np.ones(4)}}, 0.1, "at least two"),
+        ({"xl": {200: np.ones(4), 100: np.ones(4)}}, 0.1, "not increasing"),
+        ({"xl": {100: np.ones(4), 200: np.ones(5)}}, 0.1, "same tokens"),
+        (
+            {"xl": {100: np.ones(4), 200: np.ones(4)}, "rnn": {100: np.ones(4), 300: np.ones(4)}},
+            0.1,
+            "same context lengths",
+        ),
+        ({"xl": {100: np.ones((2, 2)), 200: np.ones(4)}}, 0.1, "1-D"),
+        ({"xl": {100: np.ones(4), 200: np.ones(4)}}, 0.0, "r=0.0 is invalid"),
+        ({"xl": {100: np.ones(4), 200: np.ones(4)}}, 1.5, "r=1.5 is invalid"),
+    ],
+)
+def test_invalid_inputs_fail_with_one_line(token_losses, r, match):
+    with pytest.raises(ValueError, match=match) as error:
+        recl(token_losses, r=r)
+    assert "\n" not in str(error.value)
+
+
+# A tiny model end to end: T = 4, 2 rows, 24 scored tokens.
+T, ROWS, N = 4, 2, 24
+TOKENS = np.random.default_rng(3).integers(0, 256, 200).astype(np.int32)
+
+
+def _losses(model, contexts, same_length):
+    return context_token_losses(
+        model, TOKENS, contexts, segment_len=T, n_tokens=N, batch_size=ROWS, same_length=same_length
+    )
+
+
+def test_context_zero_is_evaluation_without_memory():
+    model = tiny_model("txl")
+    losses = _losses(model, [0], same_length=False)[0]
+    assert losses.shape == (N,)
+    reference = evaluate(
+        model, data_lib.ArrayStream(TOKENS), batch_size=ROWS, segment_len=T, mem_len=0, max_tokens=N
+    )
+    np.testing.assert_allclose(losses.mean(), reference["loss"], rtol=1e-5)
+
+
+def _window_losses(model, first_target, context, width):
+    """The loss of each target from a fresh pass over the ``context`` + 1 inputs before it.
+
+    Every pass has ``width`` inputs (one shape, one compilation) and a mask that hides all but the
+    last ``context`` + 1 from the last query; the others see at least themselves (no empty rows).
+    """
+    targets = np.arange(first_target, first_target + N)
+    windows = np.stack([TOKENS[p - width : p] for p in targets])  # [N, width]
+    q, k = np.arange(width)[:, None], np.arange(width)[None, :]
+    mask = ((k <= q) & (k >= width - 1 - context)) | (k == q)
+    logits, _ = model(jnp.asarray(windows), model.init_mems(N, 0), attention_mask=jnp.asarray(mask))
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, -1], TOKENS[targets])
+
+
+def test_same_length_gives_each_token_exactly_its_context():
+    """One layer: memory holds embeddings only, so mem_len = c with same_length is a c + 1 window."""
+    model = tiny_model("txl", n_layers=1)
+    contexts = [0, 5]
+    losses = _losses(model, contexts, same_length=True)
+    first_target = 2 * T + 1  # after the warm-up of ceil(5 / T) segments
+    for c in contexts:
+        assert losses[c].shape == (N,)
+        expected = _window_losses(model, first_target, c, width=6)
+        np.testing.assert_allclose(losses[c], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_more_memory_changes_the_losses_of_the_same_tokens():
+    model = tiny_model("txl")  # 2 layers, recurrence
+    losses = _losses(model, [0, 5], same_length=False)
+    assert set(losses) == {0, 5} and all(v.shape == (N,) for v in losses.values())
+    assert np.isfinite(losses[5]).all()
+    assert np.abs(losses[0] - losses[5]).max() > 1e-3
+    with pytest.raises(ValueError, match=r"contexts=.* are not increasing"):
+        _losses(model, [5, 0], same_length=False)
+    with pytest.raises(ValueError, match="needs"):
+        context_token_losses(model, TOKENS[:20], [8], segment_len=T, n_tokens=N, batch_size=ROWS)
