@@ -233,9 +233,13 @@ class DataConfig:
         check_types("data", self)
         known = ("pystdlib", "text", "enwik8", "text8")
         if not isinstance(self.name, str) or not (
-            self.name in known or self.name.startswith("tfds:")
+            self.name in known or self.name.startswith(("tfds:", "probe:"))
         ):
-            fail("data.name", self.name, f"use one of {', '.join(known)} or tfds:<name>")
+            fail(
+                "data.name",
+                self.name,
+                f"use one of {', '.join(known)}, tfds:<name> or probe:<kind>:<distance>",
+            )
         _check_int("data.segment_len", self.segment_len, 1)
         _check_int("data.batch_size", self.batch_size, 1)
 

@@ -17,7 +17,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from relpos_jax.data import corpora
+from relpos_jax.data import corpora, probes
 
 CHUNK = 1 << 16
 DEFAULT_DIR = pathlib.Path(
@@ -86,6 +86,8 @@ class ByteCorpus(tfds.core.GeneratorBasedBuilder):
         cfg = self.builder_config
         if cfg.corpus.startswith("tfds:"):
             pieces = _tfds_pieces(cfg.corpus[5:], split, cfg.path)
+        elif cfg.corpus.startswith("probe:"):
+            pieces = probes.split_stream(cfg.corpus, split)
         else:
             pieces = corpora.split_stream(cfg.corpus, cfg.path, split)
         for index, chunk in enumerate(_chunks(pieces)):
@@ -95,6 +97,8 @@ class ByteCorpus(tfds.core.GeneratorBasedBuilder):
 def config_name(name: str, path: str | None) -> str:
     if name == "pystdlib":
         return corpora.pystdlib_name()
+    if name.startswith("probe:"):  # the generator's version: a change rebuilds
+        return name.replace(":", "_") + f"_v{probes.VERSION}"
     if name.startswith("tfds:"):
         return "tfds_" + name[5:].replace("/", "_").replace(":", "_")
     identity = str(name)
@@ -114,13 +118,16 @@ def build(
     name: str, path: str | None = None, data_dir: str | pathlib.Path | None = None
 ) -> ByteCorpus:
     """The prepared builder of corpus ``name`` (built on first use)."""
-    if not (
+    if name.startswith("probe:"):
+        probes.parse(name)  # a one-line error for a malformed probe name
+    elif not (
         name in ("pystdlib", "text") or name in corpora.STANDARD_SPLIT or name.startswith("tfds:")
     ):
         raise corpora.DataError(
-            f"data.name={name!r} is invalid; use pystdlib, text, enwik8, text8 or tfds:<name>"
+            f"data.name={name!r} is invalid; use pystdlib, text, enwik8, text8, tfds:<name> or "
+            "probe:<kind>:<distance>"
         )
-    if name != "pystdlib" and not name.startswith("tfds:"):
+    if name in ("text", *corpora.STANDARD_SPLIT):
         list(corpora.split_stream(name, path, "test"))  # fail early, with the one-line message
     _quiet()
     config = CorpusConfig(name=config_name(name, path), corpus=name, path=path, version="1.0.0")

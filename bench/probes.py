@@ -1,0 +1,103 @@
+"""Memory probes: does memory let a model answer beyond its segment? Accuracy against distance.
+
+    .venv/bin/python bench/probes.py [--config configs/probe_passkey.py] [--steps N]
+
+Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
+finished), then scores both on fresh test documents at several distances with
+``relpos_jax.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
+Writes ``docs/results/probes.md`` and ``docs/results/probes.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def train(config: str, workdir: pathlib.Path, steps: int, mem_len: int) -> None:
+    from relpos_jax.checkpoint import latest_step
+
+    if latest_step(workdir / "checkpoints") == steps:
+        return
+    flags = [f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}"]
+    command = [sys.executable, "train.py", "--config", config, "--workdir", str(workdir), *flags]
+    subprocess.run(command, cwd=ROOT, check=True)
+
+
+def score(config: str, workdir: pathlib.Path, steps: int, mem_len: int, distances, kind: str):
+    from relpos_jax.config import load_config
+    from relpos_jax.evaluate import restore_model
+    from relpos_jax.probing import accuracy_by_distance
+
+    cfg = load_config(ROOT / config)
+    cfg.train.steps, cfg.model.mem_len = steps, mem_len
+    model, c, _ = restore_model(cfg, workdir)
+    return accuracy_by_distance(
+        model, kind, distances, segment_len=c.data.segment_len, mem_len=mem_len, documents=256
+    )
+
+
+def plot(curves: dict[str, list[dict]], path: pathlib.Path, segment_len: int, window: int) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.add_subplot()
+    for label, curve in curves.items():
+        ax.plot(
+            [c["distance"] for c in curve], [c["byte_accuracy"] for c in curve], "o-", label=label
+        )
+    first = next(iter(curves.values()))[0]
+    ax.axhline(first["chance"], color="grey", ls=":", label="chance")
+    ax.axvline(segment_len, color="k", lw=0.8, ls="--", label=f"segment ({segment_len})")
+    ax.axvline(window, color="k", lw=0.8, ls="-.", label=f"segment + memory ({window})")
+    ax.set(xlabel="distance to the key (bytes)", ylabel="answer-byte accuracy", ylim=(0, 1.02))
+    ax.set_title(f"{first['kind']} probe")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default="configs/probe_passkey.py")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--distances", default="64,80,96,112,128,160,192,256")
+    args = parser.parse_args()
+
+    from relpos_jax.config import Config, load_config
+    from relpos_jax.data import probes
+
+    cfg = Config.from_any(load_config(ROOT / args.config))
+    steps = args.steps or cfg.train.steps
+    kind, _ = probes.parse(cfg.data.name)
+    distances = [int(d) for d in args.distances.split(",")]
+    curves = {}
+    for mem_len in (cfg.model.mem_len, 0):
+        workdir = ROOT / "runs" / f"{pathlib.Path(args.config).stem}_mem{mem_len}"
+        train(args.config, workdir, steps, mem_len)
+        curves[f"memory {mem_len}"] = score(args.config, workdir, steps, mem_len, distances, kind)
+    out = ROOT / "docs" / "results"
+    plot(curves, out / "probes.png", cfg.data.segment_len, cfg.data.segment_len + cfg.model.mem_len)
+    rows = [
+        f"| {d} | "
+        + " | ".join(
+            f"{c[i]['byte_accuracy']:.3f} / {c[i]['document_accuracy']:.3f}"
+            for c in curves.values()
+        )
+        + " |"
+        for i, d in enumerate(distances)
+    ]
+    table = "\n".join(
+        [f"| distance | {' | '.join(curves)} |", "|---:|" + "---:|" * len(curves), *rows]
+    )
+    print(table)
+    (out / "probes.json").write_text(json.dumps(curves, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

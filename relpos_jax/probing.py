@@ -1,0 +1,86 @@
+"""Memory probes scored: accuracy at the answer bytes, and accuracy against distance.
+
+``probe_accuracy(model, "probe:passkey:256", segment_len=64, mem_len=128)`` lays fresh documents
+(``data.probes``) out in ``batch_size`` rows of whole documents, runs the model over each row segment by
+segment with its memory carried, and scores, teacher-forced, only the answer bytes: the fraction of
+answer bytes predicted (argmax), and the fraction of documents whose answer is entirely right.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from relpos_jax.data import probes
+from relpos_jax.model import TransformerLM
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _predict(graphdef, state, inputs, mems):
+    model = nnx.merge(graphdef, state)
+    logits, mems = model(inputs, mems)
+    return jnp.argmax(logits, axis=-1), mems
+
+
+def _rows(docs: list[probes.Document], batch_size: int, segment_len: int):
+    """Whole documents dealt to rows; rows padded to whole segments (padding is never scored)."""
+    rows = [docs[r::batch_size] for r in range(min(batch_size, len(docs)))]
+    texts = [b"".join(d.text for d in row) for row in rows]
+    length = -(-(max(map(len, texts)) - 1) // segment_len) * segment_len + 1
+    tokens = np.zeros((len(rows), length), np.int32)
+    answer = np.zeros((len(rows), length), bool)
+    doc_id = np.full((len(rows), length), -1, np.int64)
+    for r, row in enumerate(rows):
+        tokens[r, : len(texts[r])] = np.frombuffer(texts[r], np.uint8)
+        answer[r, : len(texts[r])] = np.concatenate([d.answer for d in row])
+        ids = [r + batch_size * i for i in range(len(row))]
+        doc_id[r, : len(texts[r])] = np.repeat(ids, [len(d.text) for d in row])
+    return tokens, answer, doc_id
+
+
+def probe_accuracy(
+    model: TransformerLM,
+    name: str,
+    *,
+    segment_len: int,
+    mem_len: int,
+    documents: int = 64,
+    batch_size: int = 8,
+    seed: int = 3,
+) -> dict[str, Any]:
+    """Teacher-forced accuracy of ``model`` on fresh documents of probe ``name``."""
+    kind, distance = probes.parse(name)
+    docs = probes.documents(kind, distance, documents, seed)
+    tokens, answer, doc_id = _rows(docs, batch_size, segment_len)
+    graphdef, state = nnx.split(model)
+    mems = model.init_mems(tokens.shape[0], mem_len)
+    correct = np.zeros((tokens.shape[0], tokens.shape[1] - 1), bool)
+    for start in range(0, tokens.shape[1] - 1, segment_len):
+        window = slice(start, start + segment_len)
+        predicted, mems = _predict(graphdef, state, jnp.asarray(tokens[:, window]), mems)
+        correct[:, window] = np.asarray(predicted) == tokens[:, start + 1 : start + 1 + segment_len]
+    scored = answer[:, 1:]  # target j is token j + 1
+    wrong_docs = np.unique(doc_id[:, 1:][scored & ~correct])
+    return {
+        "probe": name,
+        "kind": kind,
+        "distance": distance,
+        "byte_accuracy": float(correct[scored].mean()),
+        "document_accuracy": 1.0 - len(wrong_docs) / len(docs),
+        "chance": probes.CHANCE[kind],
+        "documents": len(docs),
+        "segment_len": segment_len,
+        "mem_len": mem_len,
+    }
+
+
+def accuracy_by_distance(
+    model: TransformerLM, kind: str, distances, **settings
+) -> list[dict[str, Any]]:
+    """``probe_accuracy`` at each distance: the curve that shows how far back memory reaches."""
+    return [probe_accuracy(model, f"probe:{kind}:{d}", **settings) for d in distances]

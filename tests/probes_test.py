@@ -1,0 +1,70 @@
+"""Memory probes: answers exactly ``distance`` back, the same pipeline as any corpus, and scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relpos_jax import data
+from relpos_jax.data import probes
+from relpos_jax.probing import accuracy_by_distance, probe_accuracy
+from tests.helpers import tiny_model
+
+
+@pytest.mark.parametrize("distance", [64, 100, 333])
+def test_every_answer_sits_exactly_distance_back(distance):
+    for doc in probes.documents("passkey", distance, 5, seed=0):
+        first = int(np.flatnonzero(doc.answer)[0])
+        key = doc.text.index(b"The pass key is ") + len(b"The pass key is ")
+        assert first - key == distance
+        assert doc.text[key : key + 5] == doc.text[first : first + 5] and doc.answer.sum() == 5
+    for doc in probes.documents("copy", distance, 5, seed=0):
+        answer = np.flatnonzero(doc.answer)
+        assert len(answer) == distance - 1
+        originals = answer - distance
+        assert doc.text[originals[0] - 1 : originals[0]] == b" "  # right after "copy: "
+        assert bytes(doc.text[i] for i in originals) == bytes(doc.text[i] for i in answer)
+    for doc in probes.documents("recall", distance, 5, seed=0):
+        (answer,) = np.flatnonzero(doc.answer)
+        listing_end = doc.text.index(b" ", doc.text.rindex(b"=")) + 1
+        assert answer - listing_end == distance
+        query = doc.text[answer - 3 : answer - 1].decode()
+        assert f"{query}={chr(doc.text[answer])}".encode() in doc.text[:listing_end]
+
+
+def test_probe_datasets_flow_through_the_same_pipeline(tmp_path):
+    stream = data.open_split("probe:recall:80", "valid", data_dir=str(tmp_path))
+    expected = b"".join(probes.split_stream("probe:recall:80", "valid"))
+    assert stream.read(0, len(stream)).tobytes() == expected
+    assert len(expected) >= probes.SPLIT_BYTES["valid"]
+    train = data.open_split("probe:recall:80", "train", data_dir=str(tmp_path))
+    assert train.read(0, 1000).tobytes() != stream.read(0, 1000).tobytes()  # splits differ
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["probe:passkey", "probe:passkey:12", "probe:sort:100", "probe:copy:x", "probes:copy:99"],
+)
+def test_bad_probe_names_are_one_line(name, tmp_path):
+    with pytest.raises(data.DataError) as error:
+        data.open_split(name, "train", data_dir=str(tmp_path))
+    assert "\n" not in str(error.value) and "probe:<kind>:<distance>" in str(error.value)
+
+
+def test_scoring_with_memory_equals_scoring_the_whole_row_at_once():
+    model = tiny_model("txl", mem_len=400)
+    settings = dict(documents=6, batch_size=2, seed=1)
+    by_segments = probe_accuracy(model, "probe:passkey:64", segment_len=16, mem_len=400, **settings)
+    whole = probe_accuracy(model, "probe:passkey:64", segment_len=400, mem_len=0, **settings)
+    assert by_segments["byte_accuracy"] == whole["byte_accuracy"]
+    assert by_segments["documents"] == 6 and 0 <= by_segments["document_accuracy"] <= 1
+
+
+def test_accuracy_by_distance_reports_each_distance():
+    model = tiny_model("rope", mem_len=0)
+    curve = accuracy_by_distance(
+        model, "copy", [64, 70], segment_len=32, mem_len=0, documents=2, batch_size=2
+    )
+    assert [c["distance"] for c in curve] == [64, 70] and curve[0]["chance"] == pytest.approx(
+        1 / 26
+    )
