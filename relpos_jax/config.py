@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+from flax.core import FrozenDict
 
 POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "sinusoid", "learned", "deberta", "none")
 RELATIVE_POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "deberta", "none")
@@ -184,6 +185,12 @@ class ModelConfig:
                 self.deberta_bucket_size,
                 "use an even size below 2·(deberta_max_position − 1)",
             )
+
+        if self.rope_scaling is not None:  # last, so that messages show the dict as given
+            frozen = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in self.rope_scaling.items()
+            }
+            object.__setattr__(self, "rope_scaling", FrozenDict(frozen))  # hashable: jit static
 
     def _divisor_hint(self) -> str:
         return " or ".join(str(n) for n in (1, 2, 4, 8, 16) if self.d_model % n == 0)

@@ -62,3 +62,18 @@ def test_bad_model_config_is_refused_at_construction(overrides, names):
 def test_missing_config_file_is_one_line():
     with pytest.raises(ConfigError, match=r"config='nope\.py' is invalid"):
         load_config("nope.py")
+
+
+def test_a_model_with_rope_scaling_runs_under_jit():
+    """rope_scaling is a dict in configs; the validated config must stay hashable (jit statics)."""
+    import numpy as np
+
+    from relpos_jax.data import ArrayStream
+    from relpos_jax.evaluate import evaluate
+    from tests.helpers import tiny_model
+
+    scaling = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}
+    model = tiny_model("rope", rope_scaling=scaling)
+    stream = ArrayStream(np.arange(100) % 256)
+    result = evaluate(model, stream, batch_size=2, segment_len=8, mem_len=0)
+    assert result["tokens"] == 99 and np.isfinite(result["bpc"])
