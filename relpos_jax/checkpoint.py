@@ -139,14 +139,20 @@ class Checkpointer:
         return restored
 
     def restore_params(self, step: int, state: Any) -> Any:
-        """Only the ``state`` item (evaluation does not need memory or data)."""
-        return self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state))
-        )["state"]
+        """The part of the ``state`` item that ``state`` names, e.g. ``{0: model_state}``: evaluation
+        needs neither the optimizer (whatever its structure), nor the memory, nor the data."""
+        reader = ocp.CheckpointManager(
+            self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
+        )
+        args = ocp.args.PyTreeRestore(item=state, partial_restore=True)
+        return reader.restore(step, args=ocp.args.Composite(state=args))["state"]
 
-    def check_compatible(self, step: int, state: Any, config: Any) -> None:
+    def check_compatible(
+        self, step: int, state: Any, config: Any, *, partial: bool = False
+    ) -> None:
         """ConfigError naming the field when checkpoint ``step`` was written by another config;
-        ``_Unreadable`` when its metadata cannot be read."""
+        ``_Unreadable`` when its metadata cannot be read. ``partial``: ``state`` is a part of what
+        was saved (its arrays must match; the rest is not compared)."""
         try:
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
                 "meta"
@@ -165,7 +171,7 @@ class Checkpointer:
                         "or another --workdir to start a new run"
                     )
         shapes = _shapes(state)
-        for path in sorted(set(shapes) | set(saved_shapes)):
+        for path in sorted(set(shapes) if partial else set(shapes) | set(saved_shapes)):
             if shapes.get(path) != saved_shapes.get(path):
                 raise ConfigError(
                     f"config={path!r} is invalid; {where} holds {path} with shape "
@@ -175,7 +181,13 @@ class Checkpointer:
                 )
 
     def restore_newest(
-        self, read: Callable[[int], Any], *, state: Any, config: Any, set_aside: bool
+        self,
+        read: Callable[[int], Any],
+        *,
+        state: Any,
+        config: Any,
+        set_aside: bool,
+        partial: bool = False,
     ) -> tuple[int, Any] | None:
         """``(step, read(step))`` for the newest checkpoint that is compatible and readable.
 
@@ -187,7 +199,7 @@ class Checkpointer:
         failures = []
         for step in steps:
             try:
-                self.check_compatible(step, state, config)
+                self.check_compatible(step, state, config, partial=partial)
                 restored = read(step)
             except ConfigError:
                 raise

@@ -98,7 +98,6 @@ def evaluate_split(model: TransformerLM, config: Config, split: str, **overrides
 def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
     """The model of the latest checkpoint in ``workdir`` (parameters only)."""
     from relpos_jax.checkpoint import Checkpointer, latest_step
-    from relpos_jax.train import make_optimizer
 
     cfg = Config.from_any(config)
     directory = pathlib.Path(workdir) / "checkpoints"
@@ -108,15 +107,17 @@ def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
             f"workdir={str(workdir)!r} is invalid; it holds no checkpoint, train first "
             "(python train.py --config ... --workdir ...)"
         )
-    model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, optimizer))
+    graphdef, model_state = nnx.split(TransformerLM(cfg.model, rngs=nnx.Rngs(0)))
+    target = nnx.State({0: model_state})  # the model half of the saved (model, optimizer)
     checkpointer = Checkpointer(directory)
     step, restored = checkpointer.restore_newest(
-        lambda s: checkpointer.restore_params(s, state), state=state, config=cfg, set_aside=False
+        lambda s: checkpointer.restore_params(s, target),
+        state=target,
+        config=cfg,
+        set_aside=False,
+        partial=True,
     )
-    model, _ = nnx.merge(graphdef, restored)
-    return model, cfg, step
+    return nnx.merge(graphdef, restored[0]), cfg, step
 
 
 def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:

@@ -352,3 +352,21 @@ def test_evaluation_skips_a_corrupt_newest_checkpoint_and_moves_nothing(stopped_
     before = _files(workdir)
     _, _, step = restore_model(config, workdir)
     assert step == 4 and _files(workdir) == before
+
+
+@pytest.mark.slow
+def test_evaluation_restores_only_the_model_whatever_the_optimizer(stopped_at_6):
+    from relpos_jax.evaluate import restore_model
+
+    config, stopped, _ = stopped_at_6
+    config = config.copy_and_resolve_references()
+    config.train.update(clip=0.0, optimizer="adamw")  # another optimizer structure
+    model, _, step = restore_model(config, stopped)
+    trained = Trainer(stopped_at_6[0], stopped).current_model()
+    assert step == 6
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)),
+        jax.tree.leaves(nnx.state(trained, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(x, y)
