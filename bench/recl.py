@@ -1,0 +1,68 @@
+"""Relative effective context length (Transformer-XL, appendix C) of a group of trained runs.
+
+    .venv/bin/python bench/recl.py --run "txl, memory 128" runs/cmp2k_mem128 128 \\
+        --run "txl, memory 0" runs/cmp2k_mem0 0 [--config configs/txl_small.py]
+
+Restores each run's model (its ``model.mem_len`` given), measures the per-token test loss of the same
+tokens with attention spans ``--contexts`` (``relpos_jax.recl.context_token_losses``: memory length as
+the context, ``same_length``), and prints the group's RECL for r = 0.1, 0.5, 1.0 with the mean bpc at
+each context, as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", nargs=3, action="append", metavar=("LABEL", "WORKDIR", "MEM_LEN"))
+    parser.add_argument("--config", default="configs/txl_small.py")
+    parser.add_argument("--contexts", default="0,32,64,128,256,512,1024")
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--segment", type=int, default=64)
+    args = parser.parse_args()
+
+    from relpos_jax import data
+    from relpos_jax.config import load_config
+    from relpos_jax.evaluate import restore_model
+    from relpos_jax.recl import context_token_losses, recl
+
+    contexts = [int(c) for c in args.contexts.split(",")]
+    losses = {}
+    for label, workdir, mem_len in args.run:
+        config = load_config(ROOT / args.config)
+        config.model.mem_len = int(mem_len)
+        model, cfg, step = restore_model(config, ROOT / workdir)
+        test = data.open_split(cfg.data.name, "test", path=cfg.data.path, data_dir=cfg.data.dir)
+        losses[label] = context_token_losses(
+            model, test, contexts, segment_len=args.segment, n_tokens=args.tokens, batch_size=16
+        )
+        print(
+            f"{label} (step {step}):",
+            {c: round(float(v.mean()) / math.log(2), 4) for c, v in losses[label].items()},
+            flush=True,
+        )
+    header = (
+        "| model | "
+        + " | ".join(f"bpc @ {c}" for c in contexts)
+        + " | RECL r=0.1 | r=0.5 | r=1.0 |"
+    )
+    lines = [header, "|---|" + "---:|" * (len(contexts) + 3)]
+    results = {r: recl(losses, r=r) for r in (0.1, 0.5, 1.0)}
+    for label, by_context in losses.items():
+        bpcs = " | ".join(f"{float(v.mean()) / math.log(2):.4f}" for v in by_context.values())
+        lines.append(
+            f"| {label} | {bpcs} | " + " | ".join(str(results[r][label]) for r in results) + " |"
+        )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
