@@ -5,7 +5,7 @@
 Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
 finished), then scores both on fresh test documents at several distances with
 ``relpos_jax.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
-Writes ``docs/results/probes.md`` and ``docs/results/probes.png``.
+Prints a markdown table; writes ``docs/results/<config>.png`` and ``<config>.json``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ def main() -> None:
         train(args.config, workdir, steps, mem_len)
         curves[f"memory {mem_len}"] = score(args.config, workdir, steps, mem_len, distances, kind)
     out = ROOT / "docs" / "results"
-    plot(curves, out / "probes.png", cfg.data.segment_len, cfg.data.segment_len + cfg.model.mem_len)
+    stem = pathlib.Path(args.config).stem
+    plot(
+        curves, out / f"{stem}.png", cfg.data.segment_len, cfg.data.segment_len + cfg.model.mem_len
+    )
     rows = [
         f"| {d} | "
         + " | ".join(
@@ -96,7 +99,7 @@ def main() -> None:
         [f"| distance | {' | '.join(curves)} |", "|---:|" + "---:|" * len(curves), *rows]
     )
     print(table)
-    (out / "probes.json").write_text(json.dumps(curves, indent=1) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(curves, indent=1) + "\n")
 
 
 if __name__ == "__main__":
