@@ -145,14 +145,18 @@ class Checkpointer:
             self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
         )
         args = ocp.args.PyTreeRestore(item=state, partial_restore=True)
-        return reader.restore(step, args=ocp.args.Composite(state=args))["state"]
+        try:
+            return reader.restore(step, args=ocp.args.Composite(state=args))["state"]
+        finally:
+            reader.close()
 
     def check_compatible(
         self, step: int, state: Any, config: Any, *, partial: bool = False
     ) -> None:
         """ConfigError naming the field when checkpoint ``step`` was written by another config;
-        ``_Unreadable`` when its metadata cannot be read. ``partial``: ``state`` is a part of what
-        was saved (its arrays must match; the rest is not compared)."""
+        ``_Unreadable`` when its metadata cannot be read. ``partial``: ``state`` is the model part
+        of what was saved (evaluation): its arrays and the model's fields must match, not the rest
+        (optimizer, memory length, data layout)."""
         try:
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
                 "meta"
@@ -164,6 +168,8 @@ class Checkpointer:
         saved = meta.get("config", {}) if isinstance(meta.get("config"), Mapping) else {}
         for section, values in sections(config).items():
             for field, value in values.items():
+                if partial and (section != "model" or field == "mem_len"):
+                    continue
                 if field in saved.get(section, {}) and saved[section][field] != value:
                     raise ConfigError(
                         f"{section}.{field}={value!r} is invalid; {where} was written with "
