@@ -26,3 +26,22 @@ def test_bench_positions_runs():
         if line.startswith("| txl") or line.startswith("| shaw")
     ]
     assert len(rows) == 2, result.stdout
+
+
+@pytest.mark.slow
+def test_bench_ablation_runs(tiny, tmp_path):
+    config, _ = tiny
+    sets = [
+        "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+        "data.name=text", f"data.path={config.data.path}", f"data.dir={config.data.dir}",
+        "data.segment_len=8", "data.batch_size=4",
+    ]  # fmt: skip
+    command = [
+        sys.executable, str(ROOT / "bench" / "ablation.py"), "--steps", "2", "--schemes", "alibi",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+        *(f"--set={s}" for s in sets),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| alibi")]
+    assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
