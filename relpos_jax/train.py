@@ -112,8 +112,7 @@ def _scalar(x: jax.Array) -> float:
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The loss or gradient became NaN or Inf; the message names the step, the quantity and the
-    checkpoint that is kept."""
+    """A NaN/Inf loss or gradient; the message names the step, the quantity, the kept checkpoint."""
 
 
 class _StopSignals:
