@@ -23,6 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from relpos_jax.config import ConfigError
+from relpos_jax.sharding import path_string
 
 # Config fields a checkpoint must agree on: they decide the shapes of the parameters, optimizer and
 # memory, or what the saved data position means. The others (dropout, dtype, clamp_len, lr, steps…)
@@ -50,22 +51,10 @@ def _storable(mems: Any) -> dict[str, Any]:
     return {"valid": mems.valid} | ({"states": mems.states} if mems.states.size else {})
 
 
-def _key_name(key: Any) -> str:
-    for attr in ("key", "idx", "name"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """{"a/b/c": shape} for every array (or array metadata) leaf of ``tree``."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    names = ("/".join(_key_name(k) for k in path) for path, _ in leaves)
-    # Saved trees spell a variable's array as ".../value": compare without it.
-    return {
-        name.removesuffix("/value"): _stored_shape(leaf)
-        for name, (_, leaf) in zip(names, leaves, strict=True)
-    }
+    return {path_string(path): _stored_shape(leaf) for path, leaf in leaves}
 
 
 def _stored_shape(leaf: Any) -> tuple[int, ...]:

@@ -98,7 +98,8 @@ def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
     return (None,) * ndim
 
 
-def _path_string(path) -> str:
+def path_string(path) -> str:
+    """A pytree path as "a/b/c", without the trailing "value" of an NNX Variable."""
     names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
     return "/".join(names[:-1] if names and names[-1] == "value" else names)  # NNX Variable leaves
 
@@ -118,7 +119,7 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any
 
     def one(path, leaf):
         shape = getattr(leaf, "shape", ())
-        spec = logical_spec(param_axes(_path_string(path), len(shape)), rules)
+        spec = logical_spec(param_axes(path_string(path), len(shape)), rules)
         return NamedSharding(mesh, _fits(spec, shape, mesh))
 
     return jax.tree_util.tree_map_with_path(one, state)

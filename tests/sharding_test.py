@@ -80,7 +80,7 @@ def test_every_large_parameter_has_logical_axes(position):
         rngs=nnx.Rngs(0),
     )
     for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]:
-        name = sharding._path_string(path)
+        name = sharding.path_string(path)
         axes = sharding.param_axes(name, leaf.ndim)
         if leaf.ndim >= 2 or name.endswith(("/u", "/v", "up/bias", "head/bias")):
             assert any(a is not None for a in axes), name
