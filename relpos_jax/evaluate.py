@@ -60,11 +60,32 @@ def evaluate(
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once."""
+    batches = data_lib.eval_batches(stream, batch_size, segment_len, max_tokens)
+    return _score(model, batches, mem_len, carry_memory=True)
+
+
+def evaluate_sliding(
+    model: TransformerLM,
+    stream: data_lib.TokenStream,
+    *,
+    batch_size: int,
+    window: int,
+    stride: int,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The sliding-window protocol (no memory): every target once, after ≥ ``window − stride`` tokens
+    of context recomputed from scratch; ``stride`` 1 is the vanilla model of the Transformer-XL paper's
+    evaluation-speed table, which recomputes its whole context for every token."""
+    batches = data_lib.sliding_batches(stream, batch_size, window, stride, max_tokens)
+    return _score(model, batches, 0, carry_memory=False)
+
+
+def _score(model: TransformerLM, batches, mem_len: int, *, carry_memory: bool) -> dict[str, Any]:
     graphdef, state = nnx.split(model)
     start = time.perf_counter()
     total_loss, total_count, mems = 0.0, 0.0, None
-    for batch in data_lib.eval_batches(stream, batch_size, segment_len, max_tokens):
-        if mems is None:
+    for batch in batches:
+        if mems is None or not carry_memory:
             mems = model.init_mems(batch["inputs"].shape[0], mem_len)
         loss, count, mems = _eval_step(graphdef, state, batch, mems)
         total_loss += float(loss)

@@ -125,6 +125,52 @@ def test_eval_scores_every_token_exactly_once(length, batch, segment, max_tokens
 
 
 @pytest.mark.parametrize(
+    ("length", "batch", "window", "stride", "max_tokens"),
+    [(1000, 4, 64, 16, None), (1001, 3, 50, 7, None), (40, 8, 64, 1, None), (500, 2, 32, 32, 77)],
+)
+def test_sliding_windows_score_every_token_once_with_full_context(
+    length, batch, window, stride, max_tokens
+):
+    tokens = np.random.default_rng(length).integers(0, 256, length)
+    batches = list(
+        data.sliding_batches(pipeline.ArrayStream(tokens), batch, window, stride, max_tokens)
+    )
+    count = (length - 1) if max_tokens is None else max_tokens
+    scored = []  # (target index, context length) in order
+    for k, b in enumerate(batches):
+        assert b["inputs"].shape == (batch, window)
+        for r in range(batch):
+            start = (k * batch + r) * stride
+            for c in np.flatnonzero(b["weights"][r]):
+                assert b["inputs"][r][c] == tokens[start + c]
+                assert b["targets"][r][c] == tokens[start + c + 1]
+                scored.append((start + c, c + 1))
+    assert [i for i, _ in scored] == list(range(count))
+    # past the first window, every target sees at least window - stride + 1 tokens
+    assert all(context >= min(i + 1, window - stride + 1) for i, context in scored)
+
+
+def test_sliding_window_over_everything_equals_one_long_segment():
+    from flax import nnx
+
+    from relpos_jax import TransformerLM
+    from relpos_jax.evaluate import evaluate, evaluate_sliding
+
+    stream = pipeline.ArrayStream(np.random.default_rng(0).integers(0, 256, 300))
+    model = TransformerLM(
+        dict(position="alibi", n_layers=1, d_model=16, n_heads=2, d_ff=32, mem_len=0),
+        rngs=nnx.Rngs(0),
+    )
+    whole = evaluate(model, stream, batch_size=1, segment_len=299, mem_len=0)
+    for stride in (5, 299):
+        sliding = evaluate_sliding(model, stream, batch_size=4, window=299, stride=stride)
+        assert sliding["tokens"] == 299
+        np.testing.assert_allclose(sliding["loss"], whole["loss"], rtol=1e-6)
+    with pytest.raises(data.DataError, match="stride=0 is invalid"):
+        next(data.sliding_batches(stream, 1, 8, 0))
+
+
+@pytest.mark.parametrize(
     ("call", "names"),
     [
         (lambda d: data.open_split("wikitext9", "train", data_dir=d), "data.name='wikitext9'"),

@@ -8,7 +8,13 @@ from __future__ import annotations
 from relpos_jax.data import tokenizer
 from relpos_jax.data.builders import CHUNK, build
 from relpos_jax.data.corpora import SPLITS, DataError
-from relpos_jax.data.pipeline import ArrayStream, TokenStream, eval_batches, train_dataset
+from relpos_jax.data.pipeline import (
+    ArrayStream,
+    TokenStream,
+    eval_batches,
+    sliding_batches,
+    train_dataset,
+)
 
 
 def open_split(
@@ -27,6 +33,7 @@ __all__ = [
     "TokenStream",
     "eval_batches",
     "open_split",
+    "sliding_batches",
     "tokenizer",
     "train_dataset",
 ]

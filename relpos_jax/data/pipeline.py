@@ -143,3 +143,34 @@ def eval_batches(
             "targets": targets[:, window],
             "weights": weights[:, window],
         }
+
+
+def sliding_batches(
+    stream: TokenStream, batch_size: int, window: int, stride: int, max_tokens: int | None = None
+):
+    """Yield ``{"inputs", "targets", "weights"}`` ``[B, window]``: the sliding-window protocol.
+
+    Window k reads inputs ``[k·stride, k·stride + window)``; the first window scores all its targets,
+    every later one only its last ``stride`` (each with ``window − stride`` or more tokens of
+    context). Targets 1 … N − 1 (or the first ``max_tokens``) are scored exactly once. The last batch
+    is padded with zero-weight windows so that every batch has the same shape.
+    """
+    if not 1 <= stride <= window:
+        raise DataError(f"sliding_batches: stride={stride} is invalid; use 1 … window ({window})")
+    count = len(stream) - 1 if max_tokens is None else min(len(stream) - 1, max_tokens)
+    if count < 1:
+        raise DataError(f"data: the evaluation split has {len(stream)} tokens; it needs at least 2")
+    tokens = stream.read(0, count + 1).astype(np.int32)
+    windows = 1 + max(0, -(-(count - window) // stride))
+    offsets = np.arange(window)
+    for first in range(0, windows, batch_size):
+        starts = (first + np.arange(batch_size)) * stride
+        index = starts[:, None] + offsets[None, :]  # [B, window] input positions
+        scored = (index < count) & (np.arange(first, first + batch_size) < windows)[:, None]
+        scored &= (offsets >= window - stride)[None, :] | (starts == 0)[:, None]
+        clipped = np.minimum(index, count - 1)
+        yield {
+            "inputs": np.where(index < count, tokens[clipped], 0),
+            "targets": np.where(index < count, tokens[clipped + 1], 0),
+            "weights": scored.astype(np.float32),
+        }
