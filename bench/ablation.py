@@ -13,12 +13,14 @@ bpc, with the paper's WikiText-103 perplexities beside for reference) and ``abla
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import pathlib
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "sinusoid", "learned")
 PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parameters, length 128
     ("txl", True): "27.02",
@@ -30,12 +32,32 @@ PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parame
 }
 
 
+def config_file(scheme: str) -> str:
+    return "configs/txl_small.py" if scheme == "txl" else f"configs/{scheme}_small.py"
+
+
+def config_for(scheme: str, mem_len: int, seed: int, sets=()):
+    """The ConfigDict of one run, as its ``train.py`` flags build it (for in-process evaluation)."""
+    from relpos_jax.config import load_config
+
+    config = load_config(ROOT / config_file(scheme))
+    config.model.mem_len, config.train.seed = mem_len, seed
+    for setting in sets:
+        key, value = setting.split("=", 1)
+        section, field = key.split(".")
+        try:
+            config[section][field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):  # a bare string, as the command line takes it
+            config[section][field] = value
+    return config
+
+
 def run(scheme: str, mem_len: int, steps: int, seed: int, runs: pathlib.Path, sets=()) -> dict:
     workdir = runs / f"{scheme}_mem{mem_len}_seed{seed}"
     done = workdir / "eval.json"
     if done.exists() and json.loads(done.read_text()).get("step") == steps:
         return json.loads(done.read_text())
-    config = "configs/txl_small.py" if scheme == "txl" else f"configs/{scheme}_small.py"
+    config = config_file(scheme)
     flags = [
         "--config", config, "--workdir", str(workdir),
         f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def test_bench_positions_runs():
 
 
 @pytest.mark.slow
-def test_bench_ablation_runs(tiny, tmp_path):
+def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     config, _ = tiny
     sets = [
         "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
@@ -37,11 +38,24 @@ def test_bench_ablation_runs(tiny, tmp_path):
         "data.segment_len=8", "data.batch_size=4",
     ]  # fmt: skip
     command = [
-        sys.executable, str(ROOT / "bench" / "ablation.py"), "--steps", "2", "--schemes", "alibi",
-        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+        sys.executable, str(ROOT / "bench" / "ablation.py"), "--steps", "2",
+        "--schemes", "alibi,rope", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
         *(f"--set={s}" for s in sets),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| alibi")]
     assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
+
+    command = [
+        sys.executable, str(ROOT / "bench" / "extrapolation.py"), "--schemes", "alibi,rope",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
+        "--factors", "1,2", "--tokens", "40", "--stride", "3", *(f"--set={s}" for s in sets),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bpc = json.loads((tmp_path / "out" / "extrapolation.json").read_text())["bpc"]
+    assert set(bpc) == {"alibi", "rope", "rope+linear", "rope+ntk", "rope+dynamic", "rope+yarn"}
+    assert all(set(rows) == {"non-overlapping", "sliding"} for rows in bpc.values())
+    assert all(set(r) == {"8", "16"} for rows in bpc.values() for r in rows.values())
+    assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
