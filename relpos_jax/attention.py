@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos_jax import positions as P
+from relpos_jax import precision
 from relpos_jax.config import ModelConfig
 
 
@@ -47,6 +48,10 @@ class PositionContext(NamedTuple):
     rel_index: jax.Array | None = None  # deberta [T, K] rows of rel_RD
     inv_freq: jax.Array | None = None  # rope
     rope_factor: float = 1.0
+
+
+def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    return precision.einsum(spec, a, b, out_dtype=jnp.float32)
 
 
 def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
@@ -82,12 +87,12 @@ class Attention(nnx.Module):
         weights = self._softmax(q, k, ctx)
         weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
 
-        out = jnp.einsum("bnqk,bknh->bqnh", weights, v)
+        out = precision.einsum("bnqk,bknh->bqnh", weights, v)
         if self.position == "shaw":
             out = out + P.shaw_value_output(
                 weights, self.table_v[...].astype(dtype), ctx.q_pos, ctx.k_pos
             )
-        return jnp.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+        return precision.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
 
     def probabilities(
         self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext
@@ -98,8 +103,9 @@ class Attention(nnx.Module):
 
     def _project(self, x_BTD, window_BKD, ctx: PositionContext):
         dtype = x_BTD.dtype
-        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(dtype))
-        k, v = jnp.unstack(jnp.einsum("bkd,dsnh->sbknh", window_BKD, self.w_kv[...].astype(dtype)))
+        q = precision.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(dtype))
+        kv = precision.einsum("bkd,dsnh->sbknh", window_BKD, self.w_kv[...].astype(dtype))
+        k, v = jnp.unstack(kv)
         if self.position == "rope":
             q = P.apply_rope(
                 q, ctx.q_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
@@ -122,10 +128,12 @@ class Attention(nnx.Module):
         if self.position == "txl":
             u = (self.u if hasattr(self, "u") else ctx.u)[...].astype(dtype)
             v = (self.v if hasattr(self, "v") else ctx.v)[...].astype(dtype)
-            r_KNH = jnp.einsum("kd,dnh->knh", ctx.r_KD.astype(dtype), self.w_r[...].astype(dtype))
-            content = jnp.einsum("bqnh,bknh->bnqk", q + u, k)
-            return content + P.txl_position_logits(q, r_KNH, v)
-        content = jnp.einsum("bqnh,bknh->bnqk", q, k)
+            r_KNH = precision.einsum(
+                "kd,dnh->knh", ctx.r_KD.astype(dtype), self.w_r[...].astype(dtype)
+            )
+            content = precision.einsum("bqnh,bknh->bnqk", q + u, k, out_dtype=jnp.float32)
+            return content + P.txl_position_logits(q, r_KNH, v, einsum=_logits_einsum)
+        content = precision.einsum("bqnh,bknh->bnqk", q, k, out_dtype=jnp.float32)
         if self.position == "shaw":
             return content + P.shaw_key_logits(
                 q, self.table_k[...].astype(dtype), ctx.q_pos, ctx.k_pos

@@ -16,6 +16,7 @@ Legend: B batch, T segment, M memory, K = M + T, L layers, D model dim, F feed-f
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -25,15 +26,22 @@ from flax import nnx
 
 from relpos_jax import memory as memory_lib
 from relpos_jax import positions as P
+from relpos_jax import precision
 from relpos_jax.attention import Attention, PositionContext, normal_param
 from relpos_jax.config import ModelConfig
 
 
 class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        init = nnx.initializers.normal(cfg.init_std)
-        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, kernel_init=init, dtype=cfg.dtype, rngs=rngs)
-        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, kernel_init=init, dtype=cfg.dtype, rngs=rngs)
+        dense = functools.partial(
+            nnx.Linear,
+            kernel_init=nnx.initializers.normal(cfg.init_std),
+            dtype=cfg.dtype,
+            dot_general=precision.dot_general,
+            rngs=rngs,
+        )
+        self.up = dense(cfg.d_model, cfg.d_ff)
+        self.down = dense(cfg.d_ff, cfg.d_model)
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
@@ -106,6 +114,7 @@ class TransformerLM(nnx.Module):
                 cfg.vocab_size,
                 kernel_init=nnx.initializers.normal(cfg.init_std),
                 dtype=cfg.dtype,
+                dot_general=precision.dot_general,
                 rngs=rngs,
             )
 
@@ -181,7 +190,11 @@ class TransformerLM(nnx.Module):
         if cfg.pre_norm:
             x = self.final_norm(x)
         x = self.drop(x, deterministic=deterministic)
-        logits = self.embed.attend(x) if cfg.tie_embeddings else self.head(x)
+        if cfg.tie_embeddings:
+            embedding = self.embed.embedding[...].astype(x.dtype)
+            logits = precision.einsum("btd,vd->btv", x, embedding, out_dtype=jnp.float32)
+        else:
+            logits = self.head(x)
         return logits.astype(jnp.float32), new_mems
 
     def attention_probabilities(

@@ -55,13 +55,14 @@ def rel_shift(x: jax.Array) -> jax.Array:
 
 
 def position_logits(
-    q_BQNH: jax.Array, r_KNH: jax.Array, v_NH: jax.Array | None = None
+    q_BQNH: jax.Array, r_KNH: jax.Array, v_NH: jax.Array | None = None, *, einsum=jnp.einsum
 ) -> jax.Array:
     """``(q_i + v)ᵀ W_R R_{i−j}`` as ``[B, N, Tq, Tk]`` for the causal window, via ``rel_shift``.
 
     ``r_KNH`` is ``W_R R`` for distances ``Tk − 1 … 0`` (``relative_sinusoid`` projected and split into
     heads); query i sits at window position ``Tk − Tq + i``, keys at ``0 … Tk − 1``. Entries with
-    ``j > i + Tk − Tq`` (future keys) are not meaningful and must be masked by the caller.
+    ``j > i + Tk − Tq`` (future keys) are not meaningful and must be masked by the caller. ``einsum``
+    does the product (the model passes a mixed-precision one).
     """
     _checks.ndim("position_logits", "q_BQNH", q_BQNH, 4, "[batch, q_len, heads, head_dim]")
     _checks.ndim("position_logits", "r_KNH", r_KNH, 3, "[k_len, heads, head_dim]")
@@ -74,4 +75,4 @@ def position_logits(
         )
     if v_NH is not None:
         q_BQNH = q_BQNH + v_NH
-    return rel_shift(jnp.einsum("bqnh,knh->bnqk", q_BQNH, r_KNH))
+    return rel_shift(einsum("bqnh,knh->bnqk", q_BQNH, r_KNH))

@@ -1,0 +1,84 @@
+"""Mixed-precision products: float32 accumulation forward and backward, float32/64 untouched."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos_jax import TransformerLM, precision
+
+SPECS = [("btd,dnh->btnh", (2, 5, 8), (8, 3, 4)), ("bqnh,bknh->bnqk", (2, 5, 3, 4), (2, 7, 3, 4))]
+
+
+@pytest.mark.parametrize(("spec", "a_shape", "b_shape"), SPECS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_full_precision_is_plain_einsum(spec, a_shape, b_shape, dtype, rng, x64):
+    a, b = (jnp.asarray(rng.normal(size=s), dtype) for s in (a_shape, b_shape))
+    got = precision.einsum(spec, a, b, out_dtype=jnp.float32)
+    assert got.dtype == dtype  # never narrower than the operands
+    np.testing.assert_array_equal(got, jnp.einsum(spec, a, b))
+
+
+@pytest.mark.parametrize(("spec", "a_shape", "b_shape"), SPECS)
+def test_bfloat16_matches_float32_on_rounded_inputs_forward_and_backward(
+    spec, a_shape, b_shape, rng
+):
+    a, b = (jnp.asarray(rng.normal(size=s), jnp.bfloat16) for s in (a_shape, b_shape))
+    weights = jnp.asarray(rng.normal(size=jnp.einsum(spec, a, b).shape), jnp.float32)
+
+    def loss(f, a, b):
+        return jnp.sum(f(spec, a, b).astype(jnp.float32) * weights)
+
+    mixed = precision.einsum(spec, a, b, out_dtype=jnp.float32)
+    exact = jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
+    assert mixed.dtype == jnp.float32
+    np.testing.assert_allclose(mixed, exact, rtol=1e-5, atol=1e-5)  # accumulated in float32
+    grads = jax.grad(lambda a, b: loss(precision.einsum, a, b), argnums=(0, 1))(a, b)
+    want = jax.grad(lambda a, b: loss(jnp.einsum, a, b), argnums=(0, 1))(
+        a.astype(jnp.float32), b.astype(jnp.float32)
+    )
+    for g, w, x in zip(grads, want, (a, b), strict=True):
+        assert g.dtype == x.dtype == jnp.bfloat16
+        np.testing.assert_allclose(g.astype(jnp.float32), w, rtol=2e-2, atol=2e-2)
+
+
+def test_backward_products_take_bfloat16_operands():
+    """The reason for the custom VJP: JAX's own rule would multiply in float32."""
+    a, b = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 6), jnp.float32)
+
+    def loss(b):
+        return precision.einsum("ik,kj->ij", a, b.astype(jnp.bfloat16), jnp.float32).sum()
+
+    text = jax.jit(jax.grad(loss)).lower(b).as_text()
+    dots = re.findall(r"stablehlo.dot_general.*?: \((tensor<[^)]*)\)", text)
+    assert dots and all("f32" not in operands for operands in dots), dots
+
+
+def test_an_index_summed_inside_one_operand_is_refused():
+    x = jnp.ones((2, 3), jnp.bfloat16)
+    with pytest.raises(ValueError, match="spec='ij,jk->k' is invalid for the first operand"):
+        precision.einsum("ij,jk->k", x, x.T)
+
+
+def test_bfloat16_model_trains_like_float32():
+    config = dict(position="txl", n_layers=2, d_model=32, n_heads=2, d_ff=64, mem_len=8)
+    tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 256)
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        model = TransformerLM({**config, "dtype": dtype}, rngs=nnx.Rngs(0))
+
+        def loss(model):
+            logits, _ = model(tokens[:, :-1])
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., tokens[:, 1:]])
+
+        value, grads = nnx.value_and_grad(loss)(model)
+        leaves = jax.tree.leaves(grads)
+        assert all(g.dtype == jnp.float32 for g in leaves)  # float32 master weights
+        assert all(bool(jnp.isfinite(g).all()) for g in leaves)
+        losses[dtype] = float(value)
+    assert abs(losses["bfloat16"] - losses["float32"]) < 0.02 * abs(losses["float32"])
