@@ -4,6 +4,7 @@
         [--dtypes float32,bfloat16] [--tasks train,eval] [--size small|base]
     .venv/bin/python bench/speed.py --payoff [--contexts 256,512,1024,2048]
     .venv/bin/python bench/speed.py --scaling [--lengths 128,256,512,1024,2048]
+    python bench/speed.py --mfu --size base,large --dtypes bfloat16   # on an accelerator: gpu.sh
 
 Needs the ``bench`` extra (``pip install -e .[bench]``: CPU PyTorch and x-transformers).
 
@@ -23,6 +24,9 @@ window, stride 1), at each context length; the same relpos_jax model and weights
 
 ``--scaling``: training-step time and XLA's temporary memory for one batch row as the segment (=
 memory) grows, for every scheme (relpos_jax only).
+
+``--mfu``: relpos_jax training tokens/s and model FLOPs utilisation (``model_flops`` per token ×
+tokens/s over the device's dense peak, ``PEAK_TFLOPS``) for each ``--size``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import time
 
 SIZES = {
     "small": dict(layers=6, d_model=256, heads=4, d_ff=1024, seg=128, mem=128, batch=16),
-    "base": dict(layers=12, d_model=512, heads=8, d_ff=2048, seg=512, mem=512, batch=4),
+    "base": dict(layers=12, d_model=512, heads=8, d_ff=2048, seg=512, mem=512, batch=22),  # enwik8
+    "large": dict(layers=24, d_model=1024, heads=16, d_ff=4096, seg=512, mem=512, batch=16),
     "tiny": dict(layers=1, d_model=32, heads=2, d_ff=64, seg=16, mem=16, batch=2),  # smoke tests
 }
 VOCAB = 256
@@ -47,6 +52,13 @@ PEERS = {
     "rope": "rotary_pos_emb",
     "alibi": "alibi_pos_bias",
     "sinusoid": "absolute",
+}
+PEAK_TFLOPS = {  # dense bf16 / fp32 (non-tensor-core) peaks from the vendors' data sheets
+    "H200": {"bfloat16": 989.0, "float32": 67.0},
+    "H100": {"bfloat16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float32": 19.5},
+    "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},
+    "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
 }
 ALL_SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "sinusoid", "learned", "none")
 
@@ -247,8 +259,41 @@ def scaling(scheme: str, length: int, repeats: int, size: dict) -> dict:
     return {"seconds": seconds, "temp_mib": temp}
 
 
+def model_flops(size: dict, scheme: str = "txl") -> float:
+    """Training FLOPs per token: 3 × the forward matrix products (backward = 2 × forward).
+
+    Per layer and segment token, forward: queries and output 2·2·D², keys and values over the whole
+    window 2·2·D²·K/T (memory rows included), feed-forward 2·2·D·F, attention scores and values
+    2·2·K·D, and for Transformer-XL the position scores 2·K·D; plus the output layer 2·D·V.
+    """
+    d, f, t = size["d_model"], size["d_ff"], size["seg"]
+    k = t + size["mem"]
+    layer = 4 * d * d + 4 * d * d * k / t + 4 * d * f + 4 * k * d
+    if scheme == "txl":
+        layer += 2 * k * d
+    return 3 * (size["layers"] * layer + 2 * d * VOCAB)
+
+
+def mfu(size_name: str, dtype: str, repeats: int, warmup: int) -> dict:
+    import jax
+
+    size = SIZES[size_name]
+    tokens_per_sec = ours("train", "txl", dtype, size, repeats, warmup)
+    achieved = tokens_per_sec * model_flops(size) / 1e12
+    device = jax.devices()[0].device_kind
+    peak = next((p[dtype] for name, p in PEAK_TFLOPS.items() if name in device), None)
+    return {
+        "device": device,
+        "tokens_per_sec": tokens_per_sec,
+        "tflops": achieved,
+        "mfu": achieved / peak if peak else None,
+    }
+
+
 def worker(spec: dict) -> None:
-    if spec["mode"] == "payoff":
+    if spec["mode"] == "mfu":
+        result = mfu(spec["size"], spec["dtype"], spec["repeats"], spec["warmup"])
+    elif spec["mode"] == "payoff":
         result = payoff(spec["context"], spec["repeats"], SIZES[spec["size"]])
     elif spec["mode"] == "scaling":
         result = scaling(spec["scheme"], spec["length"], spec["repeats"], SIZES[spec["size"]])
@@ -320,7 +365,8 @@ def main() -> None:
     parser.add_argument("--schemes", default=",".join(PEERS))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--tasks", default="train,eval")
-    parser.add_argument("--size", default="small", choices=sorted(SIZES))
+    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}; --mfu: a list")
+    parser.add_argument("--mfu", action="store_true")
     parser.add_argument("--payoff", action="store_true")
     parser.add_argument("--contexts", default="256,512,1024,2048")
     parser.add_argument("--scaling", action="store_true")
@@ -329,6 +375,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
+    elif args.mfu:
+        print("| size | dtype | device | tokens/s | model TFLOP/s | MFU |")
+        print("|---|---|---|---:|---:|---:|")
+        for size in args.size.split(","):
+            for dtype in args.dtypes.split(","):
+                spec = dict(mode="mfu", size=size, dtype=dtype, repeats=args.repeats)
+                r = measure({**spec, "warmup": args.warmup})
+                if "error" in r:
+                    print(f"| {size} | {dtype} | error: {r['error']} | | | |", flush=True)
+                    continue
+                share = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+                print(
+                    f"| {size} | {dtype} | {r['device']} | {r['tokens_per_sec']:,.0f} | "
+                    f"{r['tflops']:.1f} | {share} |",
+                    flush=True,
+                )
     elif args.payoff:
         print("| context | with memory tok/s | vanilla (stride 1) tok/s | speed-up |")
         print("|---:|---:|---:|---:|")

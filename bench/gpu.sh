@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# relpos_jax on an accelerator: training tokens/s and MFU (model FLOPs per second over the device's
+# dense peak) for txl_base_enwik8's sizes (12 layers, d_model 512, segment and memory 512, batch 22)
+# and a larger model (24 layers, d_model 1024, d_ff 4096), bf16 and float32. Appends a dated table
+# to docs/results/gpu.md.
+#
+#   pip install -e '.[cuda]'    # JAX with CUDA (or '.[tpu]' on a TPU VM)
+#   bash bench/gpu.sh
+#
+# Targets (issue 7): >= 40% MFU in bf16 for d_model >= 1024 on an H200; for txl_base_enwik8, more
+# tokens/s than NVIDIA's published PyTorch Transformer-XL base figure on one A100 (59,961 tokens/s)
+# scaled by the two devices' bf16 peaks (x 989/312 on an H100/H200: 190,064 tokens/s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+device=$($PY -c 'import jax; print(jax.devices()[0].device_kind)')
+{
+  echo
+  echo "## $device, $(date -u +%F)"
+  echo
+  echo "Command: \`bash bench/gpu.sh\` (\`bench/speed.py --mfu --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
+  echo
+  $PY bench/speed.py --mfu --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
+} | tee -a docs/results/gpu.md
