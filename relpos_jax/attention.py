@@ -32,6 +32,7 @@ from flax import nnx
 from relpos_jax import positions as P
 from relpos_jax import precision
 from relpos_jax.config import ModelConfig
+from relpos_jax.dropout import Dropout
 
 
 class PositionContext(NamedTuple):
@@ -76,7 +77,7 @@ class Attention(nnx.Module):
             rows = 2 * cfg.shaw_max_distance + 1
             self.table_k = normal_param(rngs, (rows, h), cfg.init_std)
             self.table_v = normal_param(rngs, (rows, h), cfg.init_std)
-        self.dropatt = nnx.Dropout(cfg.dropatt, rngs=rngs)
+        self.dropatt = Dropout(cfg.dropatt, rngs=rngs)
 
     def __call__(
         self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext, *, deterministic: bool

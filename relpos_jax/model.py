@@ -29,6 +29,7 @@ from relpos_jax import positions as P
 from relpos_jax import precision
 from relpos_jax.attention import Attention, PositionContext, normal_param
 from relpos_jax.config import ModelConfig
+from relpos_jax.dropout import Dropout
 
 
 class FeedForward(nnx.Module):
@@ -42,7 +43,7 @@ class FeedForward(nnx.Module):
         )
         self.up = dense(cfg.d_model, cfg.d_ff)
         self.down = dense(cfg.d_ff, cfg.d_model)
-        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.drop = Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
         hidden = self.drop(jax.nn.relu(self.up(x)), deterministic=deterministic)
@@ -58,7 +59,7 @@ class Block(nnx.Module):
         self.norm_feed_forward = nnx.LayerNorm(
             cfg.d_model, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs
         )
-        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.drop = Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x_BTD, mem_BMD, ctx: PositionContext, *, deterministic: bool) -> jax.Array:
         queries, window = self._attention_inputs(x_BTD, mem_BMD)
@@ -104,7 +105,7 @@ class TransformerLM(nnx.Module):
         if cfg.position == "deberta":  # shared relative embeddings, normalised as in DeBERTa-v2
             self.rel_embed = normal_param(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std)
             self.rel_norm = nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs)
-        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.drop = Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         if cfg.pre_norm:
             self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)

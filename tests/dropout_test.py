@@ -1,0 +1,50 @@
+"""16-bit dropout: the rate and the expectation hold, masks are reproducible and vary with the key."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos_jax.dropout import LEVELS, Dropout, keep_mask
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.9])
+def test_keep_fraction_and_mean_match_the_rate(rate):
+    shape = (64, 127, 33)  # an odd element count: the last 32-bit word is half used
+    mask, scale = keep_mask(jax.random.key(0), shape, rate)
+    assert mask.shape == shape and mask.dtype == jnp.bool_
+    rounded = round(rate * LEVELS) / LEVELS
+    assert abs(rounded - rate) <= 0.5 / LEVELS
+    kept = float(mask.mean())
+    assert abs(kept - (1 - rounded)) < 5 * np.sqrt(rounded * (1 - rounded) / mask.size)  # 5 sigma
+    np.testing.assert_allclose(scale * (1 - rounded), 1.0, rtol=1e-12)
+
+
+def test_module_scales_kept_values_and_is_reproducible():
+    x = jnp.ones((8, 1000))
+    outputs = []
+    for _ in range(2):
+        drop = Dropout(0.2, rngs=nnx.Rngs(dropout=3))
+        outputs.append(drop(x, deterministic=False))
+    np.testing.assert_array_equal(outputs[0], outputs[1])  # same stream state, same mask
+    values = np.unique(np.asarray(outputs[0]))
+    np.testing.assert_allclose(values, [0.0, LEVELS / (LEVELS - round(0.2 * LEVELS))], rtol=1e-6)
+    assert abs(float(outputs[0].mean()) - 1.0) < 0.03
+    drop = Dropout(0.2, rngs=nnx.Rngs(dropout=3))
+    first, second = drop(x, deterministic=False), drop(x, deterministic=False)
+    assert not np.array_equal(first, second)  # the stream advances
+    np.testing.assert_array_equal(drop(x, deterministic=True), x)
+    np.testing.assert_array_equal(Dropout(0.0, rngs=nnx.Rngs(0))(x, deterministic=False), x)
+    assert not np.asarray(Dropout(1.0, rngs=nnx.Rngs(0))(x, deterministic=False)).any()
+
+
+def test_gradient_flows_through_kept_elements_only():
+    drop = Dropout(0.5, rngs=nnx.Rngs(dropout=0))
+    x, key = jnp.arange(1.0, 101.0), jax.random.key(1)
+    grads = np.asarray(jax.grad(lambda x: drop(x, deterministic=False, rngs=key).sum())(x))
+    kept = grads > 0
+    np.testing.assert_allclose(grads[kept], LEVELS / (LEVELS - LEVELS // 2), rtol=1e-6)
+    assert 20 < kept.sum() < 80
