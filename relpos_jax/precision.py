@@ -21,8 +21,9 @@ import jax.numpy as jnp
 
 def einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
     """``jnp.einsum(spec, a, b)`` of two operands, accumulated in float32; the result in the wider of
-    ``out_dtype`` and the operands' dtype (float64 stays float64). Every index of one operand must appear in the other or in
-    the output (no index summed inside one operand), which holds for every product of the model."""
+    ``out_dtype`` and the operands' dtype (float64 stays float64). Every index of one operand must
+    appear in the other or in the output (no index summed inside one operand), which holds for every
+    product of the model."""
     compute = jnp.promote_types(a.dtype, b.dtype)
     out_dtype = compute if out_dtype is None else jnp.promote_types(out_dtype, compute)
     if compute == jnp.float32 or compute == jnp.float64:
