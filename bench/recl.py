@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/recl.py --run "txl, memory 128" runs/cmp2k_mem128 128 \\
         --run "txl, memory 0" runs/cmp2k_mem0 0 [--config configs/txl_small.py]
+    .venv/bin/python bench/recl.py --ablation txl,shaw,t5 --runs runs/ablation_small --mem-len 64 \
+        --set model.n_layers=4 ...      # bench/ablation.py's runs, each with and without memory
 
 Restores each run's model (its ``model.mem_len`` given), measures the per-token test loss of the same
 tokens with attention spans ``--contexts`` (``relpos_jax.recl.context_token_losses``: memory length as
@@ -18,6 +20,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ablation import config_for  # noqa: E402
 
 
 def main() -> None:
@@ -27,6 +32,12 @@ def main() -> None:
     parser.add_argument("--contexts", default="0,32,64,128,256,512,1024")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--segment", type=int, default=64)
+    parser.add_argument(
+        "--ablation", help="schemes whose bench/ablation.py runs to use (+ memory 0)"
+    )
+    parser.add_argument("--runs", default=str(ROOT / "runs" / "ablation"), help="with --ablation")
+    parser.add_argument("--mem-len", type=int, default=128, help="with --ablation")
+    parser.add_argument("--set", action="append", default=[], help="with --ablation: overrides")
     args = parser.parse_args()
 
     from relpos_jax import data
@@ -35,11 +46,19 @@ def main() -> None:
     from relpos_jax.recl import context_token_losses, recl
 
     contexts = [int(c) for c in args.contexts.split(",")]
-    losses = {}
-    for label, workdir, mem_len in args.run:
+    runs = []  # (label, config, workdir)
+    for label, workdir, mem_len in args.run or ():
         config = load_config(ROOT / args.config)
         config.model.mem_len = int(mem_len)
-        model, cfg, step = restore_model(config, ROOT / workdir)
+        runs.append((label, config, ROOT / workdir))
+    for scheme in args.ablation.split(",") if args.ablation else ():
+        for mem_len in (args.mem_len, 0):
+            config = config_for(scheme, mem_len, 0, args.set)
+            workdir = pathlib.Path(args.runs) / f"{scheme}_mem{mem_len}_seed0"
+            runs.append((f"{scheme}, memory {mem_len}", config, workdir))
+    losses = {}
+    for label, config, workdir in runs:
+        model, cfg, step = restore_model(config, workdir)
         test = data.open_split(cfg.data.name, "test", path=cfg.data.path, data_dir=cfg.data.dir)
         losses[label] = context_token_losses(
             model, test, contexts, segment_len=args.segment, n_tokens=args.tokens, batch_size=16
