@@ -76,7 +76,7 @@ def test_bfloat16_model_trains_like_float32():
             logits, _ = model(tokens[:, :-1])
             return -jnp.mean(jax.nn.log_softmax(logits)[..., tokens[:, 1:]])
 
-        value, grads = nnx.value_and_grad(loss)(model)
+        value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
         leaves = jax.tree.leaves(grads)
         assert all(g.dtype == jnp.float32 for g in leaves)  # float32 master weights
         assert all(bool(jnp.isfinite(g).all()) for g in leaves)
