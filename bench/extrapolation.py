@@ -63,15 +63,17 @@ def measure(model, stream, lengths, args) -> dict[str, dict[int, float]]:
 
 
 def plot(results: dict, lengths: list[int], train_len: int, path: pathlib.Path) -> None:
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
+    colors = colormaps["tab20"].colors
     fig = Figure(figsize=(11, 4), layout="constrained")
     for i, protocol in enumerate(("non-overlapping", "sliding")):
         ax = fig.add_subplot(1, 2, i + 1)
-        for label, rows in results.items():
+        for k, (label, rows) in enumerate(results.items()):
             values = [rows[protocol][str(n)] for n in lengths]
             style = "--" if label.startswith("rope+") else "-"
-            ax.plot(lengths, values, style, marker="o", markersize=3, label=label)
+            ax.plot(lengths, values, style, marker="o", ms=3, color=colors[k % 20], label=label)
         ax.axvline(train_len, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length L (tokens)")
