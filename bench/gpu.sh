@@ -18,7 +18,7 @@ device=$($PY -c 'import jax; print(jax.devices()[0].device_kind)')
   echo
   echo "## $device, $(date -u +%F)"
   echo
-  echo "Command: \`bash bench/gpu.sh\` (\`bench/speed.py --mfu --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
+  echo "Command: \`bash bench/gpu.sh\` (\`bench/mfu.py --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
   echo
-  $PY bench/speed.py --mfu --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
+  $PY bench/mfu.py --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
 } | tee -a docs/results/gpu.md

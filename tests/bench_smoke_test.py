@@ -62,16 +62,18 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_speed_runs_every_mode():
+def test_speed_benchmarks_run():
     """Toy sizes; x-transformers cells may say error where the bench extra is not installed."""
-    speed = [sys.executable, str(ROOT / "bench" / "speed.py"), "--size", "tiny"]
+    bench = [sys.executable, "-X", "faulthandler"]
     runs = {
-        "side by side": [*speed, "--schemes", "txl", "--dtypes", "bfloat16", "--repeats", "1"],
-        "payoff": [*speed, "--payoff", "--contexts", "32", "--repeats", "1"],
-        "scaling": [*speed, "--scaling", "--lengths", "16", "--schemes", "txl,shaw"],
+        "speed": ["speed.py", "--schemes", "txl", "--dtypes", "bfloat16", "--repeats", "1"],
+        "payoff": ["payoff.py", "--contexts", "32", "--repeats", "1"],
+        "scaling": ["scaling.py", "--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
+        "mfu": ["mfu.py", "--dtypes", "float32", "--repeats", "1", "--warmup", "1"],
     }
-    for name, command in runs.items():
+    for name, (script, *flags) in runs.items():
+        command = [*bench, str(ROOT / "bench" / script), "--size", "tiny", *flags]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
-        ours = 4 if name == "side by side" else 2  # the column of relpos_jax's numbers
+        ours = {"speed": 4, "mfu": 3}.get(name, 2)  # the column of relpos_jax's numbers
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout

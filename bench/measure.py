@@ -1,0 +1,69 @@
+"""What the speed benchmarks share: model sizes, a median timer, our model, one subprocess each.
+
+Every measurement runs in a fresh subprocess (``isolated``), so that its peak resident memory is its
+own and no compilation cache or thread pool carries over from the one before; the subprocess is the
+same script with ``--worker <json spec>``, answered by ``serve``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = {
+    "small": dict(layers=6, d_model=256, heads=4, d_ff=1024, seg=128, mem=128, batch=16),
+    "base": dict(layers=12, d_model=512, heads=8, d_ff=2048, seg=512, mem=512, batch=22),  # enwik8
+    "large": dict(layers=24, d_model=1024, heads=16, d_ff=4096, seg=512, mem=512, batch=16),
+    "tiny": dict(layers=1, d_model=32, heads=2, d_ff=64, seg=16, mem=16, batch=2),  # smoke tests
+}
+VOCAB = 256
+ALL_SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "sinusoid", "learned", "none")
+
+
+def median_seconds(call, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        call()
+    durations = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        durations.append(time.perf_counter() - start)
+    return statistics.median(durations)
+
+
+def our_model(scheme: str, size: dict, **overrides):
+    """A relpos_jax ``TransformerLM`` of ``size`` (a ``SIZES`` entry) with model-config overrides."""
+    from flax import nnx
+
+    from relpos_jax import TransformerLM
+
+    config = dict(
+        position=scheme, n_layers=size["layers"], d_model=size["d_model"], n_heads=size["heads"],
+        d_ff=size["d_ff"], mem_len=size["mem"], dropout=0.0,
+    )  # fmt: skip
+    return TransformerLM({**config, **overrides}, rngs=nnx.Rngs(0))
+
+
+def isolated(script: str, spec: dict) -> dict:
+    """Runs ``script --worker spec`` and returns its JSON answer, or ``{"error": one line}``."""
+    command = [sys.executable, script, "--worker", json.dumps(spec)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode:
+        errors = [line for line in result.stderr.splitlines() if "Error" in line] or ["failed"]
+        return {"error": errors[-1][:120]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def serve(compute, spec: str) -> None:
+    """The worker side of ``isolated``: prints ``compute(spec)`` with the peak resident MiB."""
+    result = compute(json.loads(spec))
+    result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def cell(result: dict, key: str, fmt: str = ",.0f") -> str:
+    return f"error: {result['error']}" if "error" in result else format(result[key], fmt)

@@ -1,0 +1,85 @@
+"""Model FLOPs utilisation of relpos_jax training: tokens/s × FLOPs per token over the device's peak.
+
+    python bench/mfu.py [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]   # gpu.sh
+
+For each ``--size`` and dtype, times ``speed.ours("train", "txl", ...)`` (forward, backward, Adam,
+memory carried) and reports tokens/s, achieved model TFLOP/s (``model_flops`` per token × tokens/s)
+and MFU against the dense peak of the device (``PEAK_TFLOPS``; blank when the device is not listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from measure import SIZES, VOCAB, isolated, serve
+
+PEAK_TFLOPS = {  # dense bf16 / fp32 (non-tensor-core) peaks from the vendors' data sheets
+    "H200": {"bfloat16": 989.0, "float32": 67.0},
+    "H100": {"bfloat16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float32": 19.5},
+    "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},
+    "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
+}
+
+
+def model_flops(size: dict, scheme: str = "txl") -> float:
+    """Training FLOPs per token: 3 × the forward matrix products (backward = 2 × forward).
+
+    Per layer and segment token, forward: queries and output 2·2·D², keys and values over the whole
+    window 2·2·D²·K/T (memory rows included), feed-forward 2·2·D·F, attention scores and values
+    2·2·K·D, and for Transformer-XL the position scores 2·K·D; plus the output layer 2·D·V.
+    """
+    d, f, t = size["d_model"], size["d_ff"], size["seg"]
+    k = t + size["mem"]
+    layer = 4 * d * d + 4 * d * d * k / t + 4 * d * f + 4 * k * d
+    if scheme == "txl":
+        layer += 2 * k * d
+    return 3 * (size["layers"] * layer + 2 * d * VOCAB)
+
+
+def mfu(spec: dict) -> dict:
+    import jax
+    from speed import ours
+
+    size, dtype = SIZES[spec["size"]], spec["dtype"]
+    tokens_per_sec = ours("train", "txl", dtype, size, spec["repeats"], spec["warmup"])
+    achieved = tokens_per_sec * model_flops(size) / 1e12
+    device = jax.devices()[0].device_kind
+    peak = next((p[dtype] for name, p in PEAK_TFLOPS.items() if name in device), None)
+    return {
+        "device": device,
+        "tokens_per_sec": tokens_per_sec,
+        "tflops": achieved,
+        "mfu": achieved / peak if peak else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="base,large", help=f"a list from {sorted(SIZES)}")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return serve(mfu, args.worker)
+    print("| size | dtype | device | tokens/s | model TFLOP/s | MFU |")
+    print("|---|---|---|---:|---:|---:|")
+    for size in args.size.split(","):
+        for dtype in args.dtypes.split(","):
+            spec = dict(size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup)
+            r = isolated(__file__, spec)
+            if "error" in r:
+                print(f"| {size} | {dtype} | error: {r['error']} | | | |", flush=True)
+                continue
+            share = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            print(
+                f"| {size} | {dtype} | {r['device']} | {r['tokens_per_sec']:,.0f} | "
+                f"{r['tflops']:.1f} | {share} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The memory payoff (Transformer-XL paper, Table 9): evaluation with memory against recomputation.
+
+    .venv/bin/python bench/payoff.py [--contexts 256,512,1024,2048] [--size small] [--repeats 2]
+
+For each context C, the same relpos_jax Transformer-XL model and weights evaluate tokens two ways:
+with memory (segments and memory both C long, as in the paper's evaluation; best of ``--repeats``
+passes), and as a vanilla model that recomputes its whole C-token window for every token (sliding
+window, stride 1). Prints tokens/s of both and the speed-up as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from measure import SIZES, VOCAB, isolated, our_model, serve
+
+
+def payoff(spec: dict) -> dict:
+    """Evaluation tokens/s with memory and with stride-1 recomputation, same model, context C."""
+    import numpy as np
+
+    from relpos_jax.data import ArrayStream
+    from relpos_jax.evaluate import evaluate, evaluate_sliding
+
+    context, repeats, size = spec["context"], spec["repeats"], SIZES[spec["size"]]
+    model = our_model("txl", size, mem_len=context)
+    batch, seg = size["batch"], context  # segments as long as the memory, as in the paper's eval
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 1 << 20).astype(np.int32)
+    stream = ArrayStream(tokens)
+    xl_tokens = batch * seg * 4  # four segments: the memory is full from the second on
+    evaluate(model, stream, batch_size=batch, segment_len=seg, mem_len=context, max_tokens=4096)
+    xl = max(
+        evaluate(
+            model, stream, batch_size=batch, segment_len=seg, mem_len=context, max_tokens=xl_tokens
+        )["tokens_per_sec"]
+        for _ in range(repeats)
+    )
+    # vanilla: every token recomputes its window; a batch of windows a call, a few calls
+    window_tokens = context + batch * 4
+    evaluate_sliding(model, stream, batch_size=batch, window=context, stride=1, max_tokens=context)
+    vanilla = max(
+        evaluate_sliding(
+            model, stream, batch_size=batch, window=context, stride=1, max_tokens=window_tokens
+        )["tokens_per_sec"]
+        for _ in range(repeats)
+    )
+    return {"context": context, "memory_tok_s": xl, "vanilla_tok_s": vanilla}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="256,512,1024,2048")
+    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return serve(payoff, args.worker)
+    print("| context | with memory tok/s | vanilla (stride 1) tok/s | speed-up |")
+    print("|---:|---:|---:|---:|")
+    for context in (int(c) for c in args.contexts.split(",")):
+        r = isolated(__file__, dict(context=context, repeats=args.repeats, size=args.size))
+        if "error" in r:
+            print(f"| {context} | error: {r['error']} | | |", flush=True)
+            continue
+        speedup = r["memory_tok_s"] / r["vanilla_tok_s"]
+        print(
+            f"| {context} | {r['memory_tok_s']:,.0f} | {r['vanilla_tok_s']:,.1f} | "
+            f"{speedup:,.0f}x |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
