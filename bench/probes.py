@@ -74,7 +74,7 @@ def main() -> None:
 
     cfg = Config.from_any(load_config(ROOT / args.config))
     steps = args.steps or cfg.train.steps
-    kind, _ = probes.parse(cfg.data.name)
+    kind, *_ = probes.parse(cfg.data.name)
     distances = [int(d) for d in args.distances.split(",")]
     curves = {}
     for mem_len in (cfg.model.mem_len, 0):

@@ -54,7 +54,12 @@ def probe_accuracy(
     seed: int = 3,
 ) -> dict[str, Any]:
     """Teacher-forced accuracy of ``model`` on fresh documents of probe ``name``."""
-    kind, distance = probes.parse(name)
+    kind, distance, longest = probes.parse(name)
+    if longest != distance:
+        raise probes.DataError(
+            f"probe={name!r} is invalid for scoring; score one distance at a time "
+            f"(accuracy_by_distance(model, {kind!r}, [{distance}, …, {longest}]))"
+        )
     docs = probes.documents(kind, distance, documents, seed)
     tokens, answer, doc_id = _rows(docs, batch_size, segment_len)
     graphdef, state = nnx.split(model)

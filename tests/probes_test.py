@@ -30,6 +30,12 @@ def test_every_answer_sits_exactly_distance_back(distance):
         assert answer - listing_end == distance
         query = doc.text[answer - 3 : answer - 1].decode()
         assert f"{query}={chr(doc.text[answer])}".encode() in doc.text[:listing_end]
+    for doc in probes.documents("needle", distance, 5, seed=0):
+        (answer,) = np.flatnonzero(doc.answer)
+        key = doc.text.index(b"key ") + len(b"key ")
+        assert answer - key == distance and doc.text[key] == doc.text[answer]
+        assert doc.text[answer - 1 : answer] == b"?" and doc.text.count(b"?") == 1
+        assert sum(chr(b).isdigit() for b in doc.text) == 2  # the key and the answer, nothing else
 
 
 def test_probe_datasets_flow_through_the_same_pipeline(tmp_path):
@@ -43,12 +49,41 @@ def test_probe_datasets_flow_through_the_same_pipeline(tmp_path):
 
 @pytest.mark.parametrize(
     "name",
-    ["probe:passkey", "probe:passkey:12", "probe:sort:100", "probe:copy:x", "probes:copy:99"],
+    [
+        "probe:passkey",
+        "probe:passkey:12",
+        "probe:sort:100",
+        "probe:copy:x",
+        "probes:copy:99",
+        "probe:needle:40-20",
+        "probe:needle:4-20",
+        "probe:needle:8-20-30",
+        "probe:needle:8-",
+    ],
 )
 def test_bad_probe_names_are_one_line(name, tmp_path):
     with pytest.raises(data.DataError) as error:
         data.open_split(name, "train", data_dir=str(tmp_path))
     assert "\n" not in str(error.value) and "probe:<kind>:<distance>" in str(error.value)
+
+
+def test_a_distance_range_mixes_distances_within_it():
+    assert probes.parse("probe:needle:8-96") == ("needle", 8, 96)
+    assert probes.parse("probe:needle:24") == ("needle", 24, 24)
+    text = b"".join(probes.split_stream("probe:needle:8-96", "valid"))
+    docs = text.split(b"\n")[:-1]
+    keys = [doc.index(b"key ") + len(b"key ") for doc in docs]
+    distances = [len(doc) - 1 - key for doc, key in zip(docs, keys, strict=True)]
+    assert min(distances) == 8 and max(distances) == 96 and len(set(distances)) == 89
+    assert all(doc[key] == doc[-1] for doc, key in zip(docs, keys, strict=True))
+    fixed = b"".join(probes.split_stream("probe:needle:24", "valid")).split(b"\n")[:-1]
+    assert {len(doc) - 1 - (doc.index(b"key ") + 4) for doc in fixed} == {24}
+
+
+def test_scoring_refuses_a_range_in_one_line():
+    with pytest.raises(data.DataError, match="one distance at a time") as error:
+        probe_accuracy(tiny_model("txl"), "probe:needle:8-96", segment_len=16, mem_len=16)
+    assert "\n" not in str(error.value)
 
 
 def test_scoring_with_memory_equals_scoring_the_whole_row_at_once():

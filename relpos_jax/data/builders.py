@@ -98,7 +98,7 @@ def config_name(name: str, path: str | None) -> str:
     if name == "pystdlib":
         return corpora.pystdlib_name()
     if name.startswith("probe:"):  # the generator's version: a change rebuilds
-        return name.replace(":", "_") + f"_v{probes.VERSION}"
+        return name.replace(":", "_").replace("-", "to") + f"_v{probes.VERSION}"
     if name.startswith("tfds:"):
         return "tfds_" + name[5:].replace("/", "_").replace(":", "_")
     identity = str(name)
