@@ -1,6 +1,6 @@
 """Memory probes: does memory let a model answer beyond its segment? Accuracy against distance.
 
-    .venv/bin/python bench/probes.py [--config configs/probe_passkey.py] [--steps N]
+    .venv/bin/python bench/probes.py [--config configs/probe_needle.py] [--steps N] [--distances ...]
 
 Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
 finished), then scores both on fresh test documents at several distances with
@@ -64,9 +64,9 @@ def plot(curves: dict[str, list[dict]], path: pathlib.Path, segment_len: int, wi
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default="configs/probe_passkey.py")
+    parser.add_argument("--config", default="configs/probe_needle.py")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--distances", default="64,80,96,112,128,160,192,256")
+    parser.add_argument("--distances", default="8,12,16,24,32,40,48,56,64,80,96")
     args = parser.parse_args()
 
     from relpos_jax.config import Config, load_config
