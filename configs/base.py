@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.clamp_len = config_dict.placeholder(int)  # txl: cap relative distances (None: no cap)
     m.untie_r = False  # txl: one u/v pair per layer instead of one shared pair
     m.pre_norm = False  # the paper is post-norm
+    m.remat = False  # recompute each layer's activations in the backward pass (less memory)
     m.tie_embeddings = True  # output projection = input embedding transposed
     m.init_std = 0.02
     m.max_len = 4096  # learned: rows of the absolute table (longer positions reuse the last)

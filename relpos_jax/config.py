@@ -100,6 +100,7 @@ class ModelConfig:
     clamp_len: int | None = None
     untie_r: bool = False
     pre_norm: bool = False
+    remat: bool = False
     tie_embeddings: bool = True
     init_std: float = 0.02
     max_len: int = 4096

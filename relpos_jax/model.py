@@ -82,6 +82,27 @@ class Block(nnx.Module):
         return x_BTD, window
 
 
+def _block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: bool) -> jax.Array:
+    return block(x, mem_BMD, ctx, deterministic=deterministic)
+
+
+def _remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: bool) -> jax.Array:
+    """``model.remat``: the layer's activations are recomputed in the backward pass, not kept.
+
+    ``jax.checkpoint`` of the block as a pure function of its state; only dropout's random counters
+    change, so the state is written back only when dropout ran."""
+    graphdef, state = nnx.split(block)
+
+    def pure(state, x, mem_BMD, ctx):
+        module = nnx.merge(graphdef, state)
+        return module(x, mem_BMD, ctx, deterministic=deterministic), nnx.state(module)
+
+    y, state = jax.checkpoint(pure)(state, x, mem_BMD, ctx)
+    if not deterministic:  # dropout advanced its random counters
+        nnx.update(block, state)
+    return y
+
+
 class TransformerLM(nnx.Module):
     """Transformer LM with segment memory; ``model_config`` is ``config.model`` or a ModelConfig."""
 
@@ -184,9 +205,10 @@ class TransformerLM(nnx.Module):
         x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)
         layer_inputs = []
+        run = _remat_block if cfg.remat else _block
         for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
             layer_inputs.append(x)
-            x = block(x, mem_BMD, ctx, deterministic=deterministic)
+            x = run(block, x, mem_BMD, ctx, deterministic)
         new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
         if cfg.pre_norm:
             x = self.final_norm(x)
