@@ -49,7 +49,7 @@ def test_remat_recomputes_in_the_backward_pass():
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         tokens = jnp.zeros((4, 65), jnp.int32)
 
-        def loss(params, rest):
+        def loss(params, rest, graphdef=graphdef, tokens=tokens):
             logits, _ = nnx.merge(graphdef, params, rest)(tokens[:, :-1])
             return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
