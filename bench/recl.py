@@ -8,7 +8,8 @@
 Restores each run's model (its ``model.mem_len`` given), measures the per-token test loss of the same
 tokens with attention spans ``--contexts`` (``relpos_jax.recl.context_token_losses``: memory length as
 the context, ``same_length``), and prints the group's RECL for r = 0.1, 0.5, 1.0 with the mean bpc at
-each context, as a markdown table.
+each context, as a markdown table. With ``--ablation``, a second table treats each scheme's pair (with
+and without memory) as its own group, as the paper's Table 8 compares models of one family.
 """
 
 from __future__ import annotations
@@ -81,6 +82,16 @@ def main() -> None:
             f"| {label} | {bpcs} | " + " | ".join(str(results[r][label]) for r in results) + " |"
         )
     print("\n".join(lines))
+    if args.ablation:  # each scheme with and without memory as its own group of two
+        print(
+            "\n| scheme | RECL with memory r=0.1 / 0.5 / 1.0 | without memory r=0.1 / 0.5 / 1.0 |"
+        )
+        print("|---|---:|---:|")
+        for scheme in args.ablation.split(","):
+            pair = {label: losses[label] for label in losses if label.startswith(f"{scheme}, ")}
+            results = [recl(pair, r=r) for r in (0.1, 0.5, 1.0)]
+            cells = [" / ".join(str(result[label]) for result in results) for label in pair]
+            print(f"| {scheme} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
