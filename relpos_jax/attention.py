@@ -127,13 +127,14 @@ class Attention(nnx.Module):
     def _content_and_position_logits(self, q, k, ctx: PositionContext) -> jax.Array:
         dtype = q.dtype
         if self.position == "txl":
-            u = (self.u if hasattr(self, "u") else ctx.u)[...].astype(dtype)
-            v = (self.v if hasattr(self, "v") else ctx.v)[...].astype(dtype)
+            u = (self.u if hasattr(self, "u") else ctx.u)[...]
+            v = (self.v if hasattr(self, "v") else ctx.v)[...]
             r_KNH = precision.einsum(
                 "kd,dnh->knh", ctx.r_KD.astype(dtype), self.w_r[...].astype(dtype)
             )
-            content = precision.einsum("bqnh,bknh->bnqk", q + u, k, out_dtype=jnp.float32)
-            return content + P.txl_position_logits(q, r_KNH, v, einsum=_logits_einsum)
+            q_u, q_v = precision.add_bias(q, u), precision.add_bias(q, v)
+            content = precision.einsum("bqnh,bknh->bnqk", q_u, k, out_dtype=jnp.float32)
+            return content + P.txl_position_logits(q_v, r_KNH, einsum=_logits_einsum)
         content = precision.einsum("bqnh,bknh->bnqk", q, k, out_dtype=jnp.float32)
         if self.position == "shaw":
             return content + P.shaw_key_logits(

@@ -32,10 +32,19 @@ from relpos_jax.config import ModelConfig
 from relpos_jax.dropout import Dropout
 
 
+class Dense(nnx.Linear):
+    """``nnx.Linear`` (same parameters) whose bias is added by ``precision.add_bias``."""
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        inputs, kernel = self.promote_dtype((inputs, self.kernel[...]), dtype=self.dtype)
+        y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
+        return precision.add_bias(y, self.bias[...])
+
+
 class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         dense = functools.partial(
-            nnx.Linear,
+            Dense,
             kernel_init=nnx.initializers.normal(cfg.init_std),
             dtype=cfg.dtype,
             dot_general=precision.dot_general,

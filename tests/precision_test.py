@@ -59,6 +59,28 @@ def test_backward_products_take_bfloat16_operands():
     assert dots and all("f32" not in operands for operands in dots), dots
 
 
+def test_bias_gradient_is_summed_in_float32():
+    """``add_bias``: in bf16 the bias gradient is a float32 sum of the bf16 cotangent (no bf16
+    reduction, which XLA:CPU lowers to a slow reduce-window); in float32 it is ``x + bias``."""
+    x = jax.random.normal(jax.random.key(0), (16, 128, 3, 8))
+    bias = jax.random.normal(jax.random.key(1), (3, 8))
+    weights = jax.random.normal(jax.random.key(2), x.shape).astype(jnp.bfloat16)
+
+    def loss(bias, x):
+        return (precision.add_bias(x, bias).astype(jnp.float32) * weights).sum()
+
+    exact = weights.astype(jnp.float32).sum((0, 1))  # the cotangent is exactly bf16 weights
+    grad = jax.jit(jax.grad(loss))(bias, x.astype(jnp.bfloat16))
+    assert grad.dtype == jnp.float32
+    np.testing.assert_allclose(grad, exact, rtol=1e-5, atol=1e-4)
+    hlo = jax.jit(jax.grad(loss)).lower(bias, x.astype(jnp.bfloat16)).compile().as_text()
+    assert "reduce-window" not in hlo
+    np.testing.assert_array_equal(precision.add_bias(x, bias), x + bias)
+    np.testing.assert_allclose(jax.grad(loss)(bias, x), exact, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="add_bias: bias.shape"):
+        precision.add_bias(x, bias.T)
+
+
 def test_an_index_summed_inside_one_operand_is_refused():
     x = jnp.ones((2, 3), jnp.bfloat16)
     with pytest.raises(ValueError, match="spec='ij,jk->k' is invalid for the first operand"):
