@@ -77,7 +77,7 @@ def test_bias_gradient_is_summed_in_float32():
     assert "reduce-window" not in hlo
     np.testing.assert_array_equal(precision.add_bias(x, bias), x + bias)
     np.testing.assert_allclose(jax.grad(loss)(bias, x), exact, rtol=1e-6, atol=1e-5)
-    with pytest.raises(ValueError, match="add_bias: bias.shape"):
+    with pytest.raises(ValueError, match=r"add_bias: bias\.shape"):
         precision.add_bias(x, bias.T)
 
 
