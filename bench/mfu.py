@@ -42,15 +42,19 @@ def mfu(spec: dict) -> dict:
     from speed import ours
 
     size, dtype = SIZES[spec["size"]], spec["dtype"]
-    tokens_per_sec = ours("train", "txl", dtype, size, spec["repeats"], spec["warmup"])
+    tokens_per_sec = ours(
+        "train", "txl", dtype, size, spec["repeats"], spec["warmup"], remat=spec["remat"]
+    )
     achieved = tokens_per_sec * model_flops(size) / 1e12
-    device = jax.devices()[0].device_kind
-    peak = next((p[dtype] for name, p in PEAK_TFLOPS.items() if name in device), None)
+    device = jax.devices()[0]
+    peak = next((p[dtype] for name, p in PEAK_TFLOPS.items() if name in device.device_kind), None)
+    memory = device.memory_stats() or {}  # None on CPU
     return {
-        "device": device,
+        "device": device.device_kind,
         "tokens_per_sec": tokens_per_sec,
         "tflops": achieved,
         "mfu": achieved / peak if peak else None,
+        "device_peak_mib": memory.get("peak_bytes_in_use", 0) / 2**20 or None,
     }
 
 
@@ -60,23 +64,27 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--remat", action="store_true", help="model.remat: recompute each layer")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return serve(mfu, args.worker)
-    print("| size | dtype | device | tokens/s | model TFLOP/s | MFU |")
-    print("|---|---|---|---:|---:|---:|")
+    print("| size | dtype | remat | device | tokens/s | model TFLOP/s | MFU | device peak MiB |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
     for size in args.size.split(","):
         for dtype in args.dtypes.split(","):
-            spec = dict(size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup)
+            spec = dict(
+                size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup, remat=args.remat
+            )
             r = isolated(__file__, spec)
             if "error" in r:
-                print(f"| {size} | {dtype} | error: {r['error']} | | | |", flush=True)
+                print(f"| {size} | {dtype} | {args.remat} | error: {r['error']} | | | | |")
                 continue
             share = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            memory = "" if r["device_peak_mib"] is None else f"{r['device_peak_mib']:,.0f}"
             print(
-                f"| {size} | {dtype} | {r['device']} | {r['tokens_per_sec']:,.0f} | "
-                f"{r['tflops']:.1f} | {share} |",
+                f"| {size} | {dtype} | {args.remat} | {r['device']} | {r['tokens_per_sec']:,.0f} | "
+                f"{r['tflops']:.1f} | {share} | {memory} |",
                 flush=True,
             )
 

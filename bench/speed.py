@@ -34,13 +34,16 @@ PEERS = {
 }
 
 
-def ours(task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int) -> float:
-    """Tokens/s of relpos_jax for ``task`` in {train, eval}."""
+def ours(
+    task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int, **model_overrides
+) -> float:
+    """Tokens/s of relpos_jax for ``task`` in {train, eval}; ``model_overrides`` e.g. remat=True."""
     import jax
     import optax
     from flax import nnx
 
-    model = our_model(scheme, size, dropout=0.1 if task == "train" else 0.0, dtype=dtype)
+    dropout = 0.1 if task == "train" else 0.0
+    model = our_model(scheme, size, dropout=dropout, dtype=dtype, **model_overrides)
     batch, seg = size["batch"], size["seg"]
     data = jax.random.randint(jax.random.key(0), (batch, seg + 1), 0, VOCAB)
     inputs, targets = data[:, :-1], data[:, 1:]
