@@ -38,7 +38,7 @@ class Dense(nnx.Linear):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         inputs, kernel = self.promote_dtype((inputs, self.kernel[...]), dtype=self.dtype)
         y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
-        return precision.add_bias(y, self.bias[...])
+        return y if self.bias is None else precision.add_bias(y, self.bias[...])
 
 
 class FeedForward(nnx.Module):
