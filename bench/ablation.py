@@ -42,6 +42,11 @@ def config_for(scheme: str, mem_len: int, seed: int, sets=()):
 
     config = load_config(ROOT / config_file(scheme))
     config.model.mem_len, config.train.seed = mem_len, seed
+    return apply_sets(config, sets)
+
+
+def apply_sets(config, sets=()):
+    """``--set section.field=value`` overrides applied to a ConfigDict, as ``train.py`` takes them."""
     for setting in sets:
         key, value = setting.split("=", 1)
         section, field = key.split(".")

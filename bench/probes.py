@@ -1,11 +1,14 @@
 """Memory probes: does memory let a model answer beyond its segment? Accuracy against distance.
 
     .venv/bin/python bench/probes.py [--config configs/probe_needle.py] [--steps N] [--distances ...]
+    .venv/bin/python bench/probes.py --schemes txl,shaw,t5,deberta,alibi,rope   # every scheme
 
 Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
 finished), then scores both on fresh test documents at several distances with
 ``relpos_jax.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
-Prints a markdown table; writes ``docs/results/<config>.png`` and ``<config>.json``.
+Prints a markdown table; writes ``docs/results/<config>.png`` and ``<config>.json``. With
+``--schemes``, each scheme is trained with the config's memory, beside the config's own scheme
+without memory, into ``<config>_schemes.png`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -18,25 +21,39 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ablation import apply_sets  # noqa: E402
 
 
-def train(config: str, workdir: pathlib.Path, steps: int, mem_len: int) -> None:
+def train(
+    config: str, workdir: pathlib.Path, steps: int, mem_len: int, position: str, sets=()
+) -> None:
     from relpos_jax.checkpoint import latest_step
 
     if latest_step(workdir / "checkpoints") == steps:
         return
-    flags = [f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}"]
+    flags = [
+        f"--config.train.steps={steps}",
+        f"--config.model.mem_len={mem_len}",
+        f"--config.model.position={position}",
+        *(f"--config.{setting}" for setting in sets),
+    ]
     command = [sys.executable, "train.py", "--config", config, "--workdir", str(workdir), *flags]
     subprocess.run(command, cwd=ROOT, check=True)
 
 
-def score(config: str, workdir: pathlib.Path, steps: int, mem_len: int, distances, kind: str):
+def score(
+    config: str, workdir: pathlib.Path, steps: int, mem_len: int, position: str, distances, sets=()
+):
     from relpos_jax.config import load_config
+    from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
     from relpos_jax.probing import accuracy_by_distance
 
-    cfg = load_config(ROOT / config)
-    cfg.train.steps, cfg.model.mem_len = steps, mem_len
+    cfg = apply_sets(load_config(ROOT / config), sets)
+    cfg.train.steps, cfg.model.mem_len, cfg.model.position = steps, mem_len, position
+    kind, *_ = probes.parse(cfg.data.name)
     model, c, _ = restore_model(cfg, workdir)
     return accuracy_by_distance(
         model, kind, distances, segment_len=c.data.segment_len, mem_len=mem_len, documents=256
@@ -67,22 +84,37 @@ def main() -> None:
     parser.add_argument("--config", default="configs/probe_needle.py")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--distances", default="8,12,16,24,32,40,48,56,64,80,96")
+    parser.add_argument(
+        "--schemes",
+        help="train each of these schemes with the config's memory (and the config's own scheme "
+        "without memory, as the reference); writes <config>_schemes.png and .json",
+    )
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    parser.add_argument("--runs", default=str(ROOT / "runs"), help="where the runs are kept")
+    parser.add_argument(
+        "--set", action="append", default=[], help="overrides, e.g. model.n_layers=1"
+    )
     args = parser.parse_args()
 
     from relpos_jax.config import Config, load_config
-    from relpos_jax.data import probes
 
-    cfg = Config.from_any(load_config(ROOT / args.config))
+    cfg = Config.from_any(apply_sets(load_config(ROOT / args.config), args.set))
     steps = args.steps or cfg.train.steps
-    kind, *_ = probes.parse(cfg.data.name)
     distances = [int(d) for d in args.distances.split(",")]
-    curves = {}
-    for mem_len in (cfg.model.mem_len, 0):
-        workdir = ROOT / "runs" / f"{pathlib.Path(args.config).stem}_mem{mem_len}"
-        train(args.config, workdir, steps, mem_len)
-        curves[f"memory {mem_len}"] = score(args.config, workdir, steps, mem_len, distances, kind)
-    out = ROOT / "docs" / "results"
     stem = pathlib.Path(args.config).stem
+    own, memory = cfg.model.position, cfg.model.mem_len
+    runs = [(f"memory {memory}", own, memory), ("memory 0", own, 0)]
+    if args.schemes:
+        runs = [(f"{p}, memory {memory}", p, memory) for p in args.schemes.split(",")]
+        runs.append((f"{own}, memory 0", own, 0))
+    curves = {}
+    for label, position, mem_len in runs:
+        scheme = "" if position == own else f"_{position}"  # the config's own runs keep their name
+        workdir = pathlib.Path(args.runs) / f"{stem}{scheme}_mem{mem_len}"
+        train(args.config, workdir, steps, mem_len, position, args.set)
+        curves[label] = score(args.config, workdir, steps, mem_len, position, distances, args.set)
+    out = pathlib.Path(args.out)
+    stem = f"{stem}_schemes" if args.schemes else stem
     plot(
         curves, out / f"{stem}.png", cfg.data.segment_len, cfg.data.segment_len + cfg.model.mem_len
     )

@@ -77,3 +77,24 @@ def test_speed_benchmarks_run():
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
         ours = {"speed": 4, "mfu": 4}.get(name, 2)  # the column of relpos_jax's numbers
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout
+
+
+@pytest.mark.slow
+def test_bench_probes_runs_every_scheme(tiny, tmp_path):
+    config, _ = tiny
+    sets = [
+        "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+        "data.batch_size=4", f"data.dir={config.data.dir}",
+    ]  # fmt: skip
+    command = [
+        sys.executable, str(ROOT / "bench" / "probes.py"), "--steps", "2", "--schemes", "rope",
+        "--distances", "8,32", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+        *(f"--set={s}" for s in sets),
+    ]  # fmt: skip
+    (tmp_path / "out").mkdir()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    curves = json.loads((tmp_path / "out" / "probe_needle_schemes.json").read_text())
+    assert list(curves) == ["rope, memory 48", "txl, memory 0"]
+    assert all([c["distance"] for c in curve] == [8, 32] for curve in curves.values())
+    assert (tmp_path / "out" / "probe_needle_schemes.png").stat().st_size > 0
