@@ -2,11 +2,12 @@
 
 Every measurement runs in a fresh subprocess (``isolated``), so that its peak resident memory is its
 own and no compilation cache or thread pool carries over from the one before; the subprocess is the
-same script with ``--worker <json spec>``, answered by ``serve``.
+same script with ``--worker <json spec>``, answered through ``parse_or_serve``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import statistics
@@ -58,11 +59,17 @@ def isolated(script: str, spec: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def serve(compute, spec: str) -> None:
-    """The worker side of ``isolated``: prints ``compute(spec)`` with the peak resident MiB."""
-    result = compute(json.loads(spec))
+def parse_or_serve(parser: argparse.ArgumentParser, compute):
+    """The command line's arguments; or, in a worker (``--worker <json spec>``, from ``isolated``),
+    prints ``compute(spec)`` with the peak resident MiB and returns None."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.worker:
+        return args
+    result = compute(json.loads(args.worker))
     result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
+    return None
 
 
 def cell(result: dict, key: str, fmt: str = ",.0f") -> str:

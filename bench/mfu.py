@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from measure import SIZES, VOCAB, isolated, serve
+from measure import SIZES, VOCAB, isolated, parse_or_serve
 
 PEAK_TFLOPS = {  # dense bf16 / fp32 (non-tensor-core) peaks from the vendors' data sheets
     "H200": {"bfloat16": 989.0, "float32": 67.0},
@@ -65,10 +65,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--remat", action="store_true", help="model.remat: recompute each layer")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        return serve(mfu, args.worker)
+    args = parse_or_serve(parser, mfu)
+    if args is None:
+        return
     print("| size | dtype | remat | device | tokens/s | model TFLOP/s | MFU | device peak MiB |")
     print("|---|---|---|---|---:|---:|---:|---:|")
     for size in args.size.split(","):

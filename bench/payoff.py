@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from measure import SIZES, VOCAB, isolated, our_model, serve
+from measure import SIZES, VOCAB, isolated, our_model, parse_or_serve
 
 
 def stride_one_rate(model, stream, batch: int, context: int, windows: int) -> float:
@@ -60,10 +60,9 @@ def main() -> None:
     parser.add_argument("--contexts", default="256,512,1024,2048")
     parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        return serve(payoff, args.worker)
+    args = parse_or_serve(parser, payoff)
+    if args is None:
+        return
     print("| context | with memory tok/s | vanilla (stride 1) tok/s | speed-up |")
     print("|---:|---:|---:|---:|")
     for context in (int(c) for c in args.contexts.split(",")):

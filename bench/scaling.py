@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from measure import ALL_SCHEMES, SIZES, VOCAB, isolated, median_seconds, our_model, serve
+from measure import ALL_SCHEMES, SIZES, VOCAB, isolated, median_seconds, our_model, parse_or_serve
 
 
 def scaling(spec: dict) -> dict:
@@ -44,10 +44,9 @@ def main() -> None:
     parser.add_argument("--schemes", default=",".join(ALL_SCHEMES))
     parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        return serve(scaling, args.worker)
+    args = parse_or_serve(parser, scaling)
+    if args is None:
+        return
     lengths = [int(n) for n in args.lengths.split(",")]
     print("train step (forward + backward), batch 1, memory = segment; ms / XLA temp MiB\n")
     print("| scheme | " + " | ".join(f"T={n}" for n in lengths) + " |")

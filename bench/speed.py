@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, serve
+from measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
 
 PEERS = {
     "txl": "rel_pos_bias",
@@ -200,11 +200,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--tasks", default="train,eval")
     parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        serve(worker, args.worker)
-    else:
+    args = parse_or_serve(parser, worker)
+    if args is not None:
         side_by_side(args)
 
 
