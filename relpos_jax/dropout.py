@@ -1,11 +1,17 @@
-"""Dropout whose mask costs half the random bits: 16 per element instead of 32.
+"""Dropout whose random bits XLA fuses into the masked operation.
 
-``nnx.Dropout`` draws a 32-bit uniform per element (``jax.random.bernoulli``); on a CPU the threefry
-hash behind it is most of a training step's dropout cost (about 0.45 s of a 1.6 s txl_small step at
-dropout 0.1). Here each 32-bit word of ``jax.random.bits`` gives two 16-bit draws, and an element
-is kept when its draw is at least ``round(rate · 2¹⁶)``: the rate is applied rounded to a multiple of
-1/65536 (0.1 → 0.099991), and kept elements are scaled by the exact ``1 / (1 − rounded rate)``, so
-the expectation is unchanged. The state (rate, RNG stream) is ``nnx.Dropout``'s own.
+``nnx.Dropout`` draws its mask with ``jax.random.bernoulli``. On a CPU, JAX lowers the threefry hash
+behind it as a rolled loop (``fori_loop`` over its 5 blocks of rounds): every dropout materialises
+its 32-bit words, loops over them five times and copies the loop state, about 80 ms of a 450 ms
+txl_small bf16 training step. Here the same hash is written out as elementwise operations on the
+elements' counters, so XLA fuses hash, comparison and masking into one vectorised loop, with
+nothing written but the result (3.6× faster on a [16, 128, 1024] mask).
+
+The draws are exactly ``jax.random.bits(key, shape, jnp.uint32)`` (threefry2x32 keys, the default
+partitionable counters: each element's flat index), so masks are reproducible and, being
+elementwise in the counters, shard like their input. An element is kept when its draw is at least
+``round(rate · 2³²)``, and kept elements are scaled by the exact ``1 / (1 − rounded rate)``. The
+module's state (rate, RNG stream) is ``nnx.Dropout``'s own.
 """
 
 from __future__ import annotations
@@ -16,20 +22,45 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-LEVELS = 1 << 16
+LEVELS = 1 << 32
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``jax.random.bits(key, shape, jnp.uint32)``, computed elementwise so that XLA can fuse it."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)  # a raw uint32[2] key of the default implementation
+    size = math.prod(shape)
+    if str(jax.random.key_impl(key)) != "threefry2x32" or size >= 1 << 32:
+        return jax.random.bits(key, shape, jnp.uint32)
+    k1, k2 = jax.random.key_data(key)
+    counters = jax.lax.iota(jnp.uint32, size).reshape(shape)
+    high, low = _threefry2x32(k1, k2, jnp.zeros_like(counters), counters)
+    return high ^ low
+
+
+def _threefry2x32(k1, k2, x1, x2):
+    """The Threefry-2x32 hash (20 rounds) of the counter pairs ``(x1, x2)`` under key ``(k1, k2)``."""
+    keys = (k1, k2, k1 ^ k2 ^ jnp.uint32(0x1BD11BDA))
+    x1, x2 = x1 + keys[0], x2 + keys[1]
+    for block in range(5):
+        for rotation in _ROTATIONS[block % 2]:
+            x1 = x1 + x2
+            x2 = ((x2 << jnp.uint32(rotation)) | (x2 >> jnp.uint32(32 - rotation))) ^ x1
+        x1 = x1 + keys[(block + 1) % 3]
+        x2 = x2 + keys[(block + 2) % 3] + jnp.uint32(block + 1)
+    return x1, x2
 
 
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> tuple[jax.Array, float]:
     """``(mask, scale)``: a boolean keep mask of ``shape`` and the factor for the kept elements."""
-    threshold = round(rate * LEVELS)
-    size = max(1, math.prod(shape))
-    words = jax.random.bits(key, ((size + 1) // 2,), jnp.uint32)
-    draws = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:size]
-    return draws.reshape(shape) >= threshold, LEVELS / (LEVELS - threshold)
+    threshold = min(round(rate * LEVELS), LEVELS - 1)
+    mask = random_bits(key, shape) >= jnp.uint32(threshold)
+    return mask, LEVELS / (LEVELS - threshold)
 
 
 class Dropout(nnx.Dropout):
-    """``nnx.Dropout`` with 16-bit draws (see the module docstring)."""
+    """``nnx.Dropout`` with fused random bits (see the module docstring)."""
 
     def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None) -> jax.Array:
         deterministic = self.deterministic if deterministic is None else deterministic

@@ -83,34 +83,66 @@ def _check(spec: str) -> None:
 
 
 def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """``einsum(spec, a, b)`` accumulated in float32, as one (batched) matrix product of operands
-    laid out ``[batch, rows, contracted]`` × ``[batch, contracted, columns]``. XLA:CPU's bf16 × bf16
-    → f32 kernels take that form; when XLA folds a transposition of the left operand into the product
-    instead, it falls back to a kernel that refuses the dtypes (``Unsupported element type for
-    DotThunk``), hence the optimization barriers that keep transposed copies out of the product."""
+    """``einsum(spec, a, b)`` accumulated in float32, as one ``dot_general`` of operands whose batch,
+    contracted and free axes are each merged into one axis.
+
+    XLA:CPU runs a bf16 × bf16 → f32 product on its fast kernels (AMX here) only if, once XLA has
+    folded transpositions into it, the left operand is ``[batch, rows, contracted]`` and neither
+    operand is column-major; otherwise it converts both operands to float32 (about 6× slower) or,
+    for some forms, fails (``Unsupported element type for DotThunk``). So the left operand is copied
+    to ``[batch, rows, contracted]`` when it is not already, and the copy is reshaped with its groups
+    of axes merged, which XLA cannot fold back into the product. The right operand is read in place
+    (``[batch, contracted, columns]`` and ``[batch, columns, contracted]`` are equally fast) when
+    each of its groups of axes is contiguous, and copied to ``[batch, contracted, columns]`` if not.
+    """
     inputs, out = spec.replace(" ", "").split("->")
     lhs, rhs = inputs.split(",")
     size = dict(zip(lhs, a.shape, strict=True)) | dict(zip(rhs, b.shape, strict=True))
-    batch = [c for c in lhs if c in rhs and c in out]
-    summed = [c for c in lhs if c in rhs and c not in out]
-    rows, columns = [c for c in lhs if c not in rhs], [c for c in rhs if c not in lhs]
+    groups = {  # batch and contracted axes in the right operand's order
+        "batch": [c for c in rhs if c in lhs and c in out],
+        "summed": [c for c in rhs if c in lhs and c not in out],
+        "rows": [c for c in lhs if c not in rhs],
+        "columns": [c for c in rhs if c not in lhs],
+    }
+    rhs_groups = _contiguous_groups(rhs, groups)
+    if rhs_groups is None:
+        rhs_groups = [g for g in ("batch", "summed", "columns") if groups[g]]
+        order = "".join(c for g in rhs_groups for c in groups[g])
+        b, rhs = _transposed(b, rhs, order), order
+    lhs_groups = [g for g in ("batch", "rows", "summed") if groups[g]]
+    a = _transposed(a, lhs, "".join(c for g in lhs_groups for c in groups[g]))
 
-    def count(letters):
-        return math.prod(size[c] for c in letters)
+    def merged(x, names):
+        return x.reshape([math.prod(size[c] for c in groups[g]) for g in names])
 
-    a3 = _transposed(a, lhs, "".join(batch + rows + summed))
-    b3 = _transposed(b, rhs, "".join(batch + summed + columns))
-    a3 = a3.reshape(count(batch), count(rows), count(summed))
-    b3 = b3.reshape(count(batch), count(summed), count(columns))
-    if batch:
-        c = jnp.einsum("gik,gkj->gij", a3, b3, preferred_element_type=jnp.float32)
-    else:
-        c = jnp.matmul(a3[0], b3[0], preferred_element_type=jnp.float32)
-    c = c.reshape([size[x] for x in batch + rows + columns])
-    order = "".join(batch + rows + columns)
-    if order == out:
+    batch = ((0,), (rhs_groups.index("batch"),)) if groups["batch"] else ((), ())
+    contract = ((lhs_groups.index("summed"),), (rhs_groups.index("summed"),))
+    c = jax.lax.dot_general(
+        merged(a, lhs_groups),
+        merged(b, rhs_groups),
+        (contract, batch),
+        preferred_element_type=jnp.float32,
+    )
+    result = groups["batch"] + groups["rows"] + groups["columns"]
+    c = c.reshape([size[x] for x in result])
+    if "".join(result) == out:
         return c
-    return jnp.einsum(f"{order}->{out}", jax.lax.optimization_barrier(c))
+    return jnp.einsum(f"{''.join(result)}->{out}", jax.lax.optimization_barrier(c))
+
+
+def _contiguous_groups(letters: str, groups: dict[str, list[str]]) -> list[str] | None:
+    """The groups of ``letters`` in order, if each group's axes are adjacent and in the group's
+    order; else None."""
+    group_of = {c: g for g, members in groups.items() for c in members}
+    sequence = []
+    for c in letters:
+        if not sequence or sequence[-1] != group_of[c]:
+            sequence.append(group_of[c])
+    if len(sequence) != len(set(sequence)):
+        return None
+    if any("".join(groups[g]) not in letters for g in sequence):
+        return None
+    return sequence
 
 
 def _transposed(x: jax.Array, order: str, new_order: str) -> jax.Array:

@@ -1,4 +1,5 @@
-"""16-bit dropout: the rate and the expectation hold, masks are reproducible and vary with the key."""
+"""Fused dropout: its bits are jax.random.bits, the rate and the expectation hold, masks are
+reproducible and vary with the key."""
 
 from __future__ import annotations
 
@@ -8,12 +9,38 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax.dropout import LEVELS, Dropout, keep_mask
+from relpos_jax.dropout import LEVELS, Dropout, keep_mask, random_bits
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 129), (1,), (0, 4)])
+@pytest.mark.parametrize("seed", [0, 1234567])
+def test_bits_are_jax_random_bits(shape, seed):
+    """The elementwise hash against JAX's own threefry, bit for bit, for typed and raw keys."""
+    key = jax.random.key(seed)
+    want = jax.random.bits(key, shape, jnp.uint32)
+    np.testing.assert_array_equal(random_bits(key, shape), want)
+    np.testing.assert_array_equal(jax.jit(random_bits, static_argnums=1)(key, shape), want)
+    np.testing.assert_array_equal(random_bits(jax.random.key_data(key), shape), want)
+
+
+def test_other_key_implementations_fall_back_to_jax_random_bits():
+    key = jax.random.key(5, impl="rbg")
+    np.testing.assert_array_equal(
+        random_bits(key, (4, 9)), jax.random.bits(key, (4, 9), jnp.uint32)
+    )
+
+
+def test_mask_is_the_threshold_of_the_bits():
+    key, shape = jax.random.key(2), (32, 65)
+    mask, _ = keep_mask(key, shape, 0.3)
+    np.testing.assert_array_equal(
+        mask, jax.random.bits(key, shape, jnp.uint32) >= round(0.3 * LEVELS)
+    )
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.9])
 def test_keep_fraction_and_mean_match_the_rate(rate):
-    shape = (64, 127, 33)  # an odd element count: the last 32-bit word is half used
+    shape = (64, 127, 33)
     mask, scale = keep_mask(jax.random.key(0), shape, rate)
     assert mask.shape == shape and mask.dtype == jnp.bool_
     rounded = round(rate * LEVELS) / LEVELS
