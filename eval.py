@@ -11,7 +11,7 @@ import json
 
 from absl import app, flags
 
-from relpos_jax import cli
+from relpos_jax import cli, host_memory
 
 _SAMPLE = flags.DEFINE_integer("sample", 0, "Generate this many bytes after --prompt.")
 _PROMPT = flags.DEFINE_string("prompt", "def ", "Prompt for --sample.")
@@ -20,6 +20,7 @@ _SPLITS = flags.DEFINE_list("splits", ["valid", "test"], "Splits to evaluate.")
 
 def main(argv: list[str]) -> None:
     del argv
+    host_memory.reuse_freed_memory()  # before JAX's first computation
     cli.initialize_distributed()
     import jax
 

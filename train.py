@@ -10,11 +10,12 @@ import sys
 
 from absl import app
 
-from relpos_jax import cli
+from relpos_jax import cli, host_memory
 
 
 def main(argv: list[str]) -> None:
     del argv
+    host_memory.reuse_freed_memory()  # before JAX's first computation
     cli.initialize_distributed()
     from relpos_jax.checkpoint import latest_step
     from relpos_jax.train import NonFiniteLoss, Trainer
