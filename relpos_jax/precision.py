@@ -6,8 +6,13 @@ on GPU, the MXU on TPU and AMX on recent x86 CPUs (a bf16 × bf16 → f32 produc
 float32 on this project's Sapphire Rapids CPU, while a plain bf16 × bf16 → bf16 product does not).
 JAX's own transpose rule would do the backward products in float32, since the cotangent of a
 float32-accumulated product is float32, so ``einsum`` has a custom VJP that casts the cotangent to
-the compute dtype and does both backward products the same way. In float32 it is ``jnp.einsum``.
-Parameters stay float32 (master weights); the model casts them to the compute dtype where it uses them.
+the compute dtype and does both backward products the same way. Float32 products take the same path
+(for the operand layouts below, 8% faster training on CPU); float64 ones, the references', are
+``jnp.einsum``. Parameters stay float32 (master weights); the model casts them to the compute dtype
+where it uses them.
+
+On a CPU each product is laid out for XLA:CPU's fast kernels (``_product``); on GPU and TPU, whose
+libraries read operands in any layout, it is ``jnp.einsum`` with float32 accumulation.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
     product of the model."""
     compute = jnp.promote_types(a.dtype, b.dtype)
     out_dtype = compute if out_dtype is None else jnp.promote_types(out_dtype, compute)
-    if compute == jnp.float32 or compute == jnp.float64:
+    if compute == jnp.float64:
         return jnp.einsum(spec, a, b).astype(out_dtype)
     _check(spec)
     return _mixed(spec, out_dtype, a.astype(compute), b.astype(compute))
@@ -95,6 +100,8 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     (``[batch, contracted, columns]`` and ``[batch, columns, contracted]`` are equally fast) when
     each of its groups of axes is contiguous, and copied to ``[batch, contracted, columns]`` if not.
     """
+    if jax.default_backend() != "cpu":
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
     inputs, out = spec.replace(" ", "").split("->")
     lhs, rhs = inputs.split(",")
     size = dict(zip(lhs, a.shape, strict=True)) | dict(zip(rhs, b.shape, strict=True))
