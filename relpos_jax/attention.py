@@ -47,8 +47,8 @@ class PositionContext(NamedTuple):
     v: jax.Array | None = None  # txl shared position bias [N, H]
     rel_RD: jax.Array | None = None  # deberta shared relative embeddings
     rel_index: jax.Array | None = None  # deberta [T, K] rows of rel_RD
-    inv_freq: jax.Array | None = None  # rope
-    rope_factor: float = 1.0
+    rope_q: tuple[jax.Array, jax.Array] | None = None  # rope: (cos, sin) [T, R/2] of the queries
+    rope_k: tuple[jax.Array, jax.Array] | None = None  # and of the keys [K, R/2]
 
 
 def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -108,12 +108,8 @@ class Attention(nnx.Module):
         kv = precision.einsum("bkd,dsnh->sbknh", window_BKD, self.w_kv[...].astype(dtype))
         k, v = jnp.unstack(kv)
         if self.position == "rope":
-            q = P.apply_rope(
-                q, ctx.q_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
-            )
-            k = P.apply_rope(
-                k, ctx.k_pos, ctx.inv_freq, ctx.rope_factor, interleaved=self.rope_interleaved
-            )
+            q = P.rotate(q, *ctx.rope_q, interleaved=self.rope_interleaved)
+            k = P.rotate(k, *ctx.rope_k, interleaved=self.rope_interleaved)
         return q, k, v
 
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:

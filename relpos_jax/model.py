@@ -300,11 +300,19 @@ class TransformerLM(nnx.Module):
                 q_pos, k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
             )
         elif cfg.position == "rope":
-            fields["inv_freq"], fields["rope_factor"] = P.rope_inv_freq(
-                cfg.head_dim,
-                cfg.rope_base,
-                cfg.rope_scaling,
-                seq_len=k_len,
-                partial_rotary_factor=cfg.rope_fraction,
-            )
+            # Scores depend only on q_pos − k_pos, so queries and keys are rotated by their offsets
+            # in the window (0 … K − 1) instead of their stream positions: the same scores, and a
+            # table that is a constant of the program. (XLA fuses the table into every layer's
+            # rotation, so a table of traced positions costs two cosines per rotated element.)
+            with jax.ensure_compile_time_eval():
+                inv_freq, factor = P.rope_inv_freq(
+                    cfg.head_dim,
+                    cfg.rope_base,
+                    cfg.rope_scaling,
+                    seq_len=k_len,
+                    partial_rotary_factor=cfg.rope_fraction,
+                )
+                dtype = jnp.result_type(float)  # float32; float64 in the x64 reference tests
+                cos, sin = P.rope_cos_sin(jnp.arange(k_len), inv_freq, factor, dtype)
+            fields["rope_k"], fields["rope_q"] = (cos, sin), (cos[mem_len:], sin[mem_len:])
         return PositionContext(**fields)

@@ -116,6 +116,44 @@ def test_rope_dot_product_depends_only_on_distance(m, n, shift):
     assert float(dot(m, n)) == pytest.approx(float(dot(m + shift, n + shift)), abs=2e-3)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotate_with_precomputed_angles_is_apply_rope(interleaved):
+    """``rotate(x, *rope_cos_sin(...))``, what the model does once per forward, is ``apply_rope``."""
+    x = jax.random.normal(key(0), (2, 7, 3, 12))
+    inv_freq, factor = P.rope_inv_freq(
+        12, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    )
+    positions = jnp.arange(7) + 40
+    want = P.apply_rope(x, positions, inv_freq, factor, interleaved=interleaved)
+    got = P.rotate(x, *P.rope_cos_sin(positions, inv_freq, factor), interleaved=interleaved)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_attention_rotated_by_window_offsets_equals_stream_positions():
+    """The model rotates queries and keys by their offsets in the window (0 … K − 1), not their
+    stream positions; RoPE scores depend only on the difference, so the attention is the same."""
+    from flax import nnx
+
+    from relpos_jax.attention import Attention, PositionContext
+    from relpos_jax.config import ModelConfig
+
+    cfg = ModelConfig.from_any(dict(position="rope", d_model=32, n_heads=2, init_std=0.3))
+    attention = Attention(cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(key(0), (2, 4, 32))
+    window = jnp.concatenate([jax.random.normal(key(1), (2, 6, 32)), x], axis=1)
+    inv_freq, factor = P.rope_inv_freq(cfg.head_dim)
+    outputs = []
+    for start in (0, 3000):  # window offsets; stream positions of a late segment
+        k_pos = jnp.arange(10) + start
+        cos, sin = P.rope_cos_sin(k_pos, inv_freq, factor)
+        ctx = PositionContext(
+            q_pos=k_pos[6:], k_pos=k_pos, mask=k_pos[6:, None] >= k_pos[None, :],
+            rope_q=(cos[6:], sin[6:]), rope_k=(cos, sin),
+        )  # fmt: skip
+        outputs.append(attention(x, window, ctx, deterministic=True))
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=2e-4, atol=2e-4)
+
+
 def test_rope_preserves_norm_and_partial_dims_pass_through():
     x = jax.random.normal(key(0), (2, 5, 3, 12))
     inv_freq, _ = P.rope_inv_freq(12, partial_rotary_factor=0.5)

@@ -13,7 +13,13 @@ from relpos_jax.positions.deberta import (
     deberta_p2c,
     deberta_scale,
 )
-from relpos_jax.positions.rope import ROPE_TYPES, apply_rope, rope_inv_freq
+from relpos_jax.positions.rope import (
+    ROPE_TYPES,
+    apply_rope,
+    rope_cos_sin,
+    rope_inv_freq,
+    rotate,
+)
 from relpos_jax.positions.shaw import (
     shaw_index,
     shaw_key_logits,
@@ -45,7 +51,9 @@ __all__ = [
     "rel_shift",
     "relative_distances",
     "relative_sinusoid",
+    "rope_cos_sin",
     "rope_inv_freq",
+    "rotate",
     "shaw_index",
     "shaw_key_logits",
     "shaw_rel_index",

@@ -279,18 +279,35 @@ def apply_rope(
     HuggingFace); ``interleaved=True`` pairs neighbours ``(x_{2i}, x_{2i+1})`` (the paper, GPT-J).
     """
     _checks.ndim("apply_rope", "x", x, tuple(range(3, 9)), "[..., T, heads, head_dim]")
-    half = inv_freq.shape[-1]
+    compute = jnp.promote_types(x.dtype, jnp.float32)  # bf16 in, float32 math; float64 stays
+    cos, sin = rope_cos_sin(positions, inv_freq, attention_factor, compute)
+    return rotate(x, cos, sin, interleaved=interleaved)
+
+
+def rope_cos_sin(
+    positions: jax.Array,
+    inv_freq: jax.Array,
+    attention_factor: float | jax.Array = 1.0,
+    dtype=jnp.float32,
+) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)`` of the angles ``positions ⊗ inv_freq``, ``[..., T, R/2]``, times the attention
+    factor: what ``rotate`` needs, computed once and shared by every layer's queries and keys."""
+    angles = jnp.asarray(positions, dtype)[..., None] * inv_freq.astype(dtype)
+    return jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False) -> jax.Array:
+    """``apply_rope`` from precomputed ``rope_cos_sin``: ``x [..., T, N, H]``, ``cos, sin [..., T, R/2]``."""
+    half = cos.shape[-1]
     if 2 * half > x.shape[-1]:
         _checks.fail(
             "apply_rope",
             "inv_freq.shape",
-            inv_freq.shape,
+            (half,),
             f"at most head_dim/2 = {x.shape[-1] // 2} frequencies fit this x",
         )
-    compute = jnp.promote_types(x.dtype, jnp.float32)  # bf16 in, float32 math; float64 stays
-    angles = jnp.asarray(positions, compute)[..., None] * inv_freq.astype(compute)
-    cos = (jnp.cos(angles) * attention_factor)[..., None, :]  # [..., T, 1, R/2]
-    sin = (jnp.sin(angles) * attention_factor)[..., None, :]
+    compute = jnp.promote_types(x.dtype, cos.dtype)
+    cos, sin = cos[..., None, :], sin[..., None, :]  # [..., T, 1, R/2]
     rot, rest = x[..., : 2 * half].astype(compute), x[..., 2 * half :]
     if interleaved:
         a, b = rot[..., 0::2], rot[..., 1::2]
