@@ -14,8 +14,8 @@ this process, so the ratio is measured on the same machine at the same time.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+from measure import median_seconds
 
 # (label, batch, rows, contracted, columns); batch 0 = a plain 2-D product
 SHAPES = [
@@ -28,17 +28,6 @@ SHAPES = [
     ("key gradient per (b, n)", 64, 64, 128, 256),
     ("Transformer-XL position term per head", 4, 2048, 64, 256),
 ]
-
-
-def timed(call, repeats: int) -> float:
-    for _ in range(5):
-        call()
-    durations = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        durations.append(time.perf_counter() - start)
-    return statistics.median(durations)
 
 
 def jax_product(batch, rows, depth, columns, dtype):
@@ -89,16 +78,19 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         for label, batch, rows, depth, columns in SHAPES:
             flops = 2 * max(batch, 1) * rows * depth * columns
-            ours = flops / timed(jax_product(batch, rows, depth, columns, jnp.dtype(dtype)),
-                                 args.repeats) / 1e9  # fmt: skip
+            ours_call = jax_product(batch, rows, depth, columns, jnp.dtype(dtype))
+            ours = flops / median_seconds(ours_call, args.repeats, 5) / 1e9
             shape = f"{batch or 1} × {rows} × {depth} × {columns}"
             if torch is None:
                 print(f"| {dtype} | {label} | {shape} | {ours:,.0f} | — | |", flush=True)
                 continue
-            theirs = flops / timed(torch_product(batch, rows, depth, columns,
-                                                 getattr(torch, dtype)), args.repeats) / 1e9  # fmt: skip
-            print(f"| {dtype} | {label} | {shape} | {ours:,.0f} | {theirs:,.0f} | "
-                  f"{ours / theirs:.2f}x |", flush=True)  # fmt: skip
+            theirs_call = torch_product(batch, rows, depth, columns, getattr(torch, dtype))
+            theirs = flops / median_seconds(theirs_call, args.repeats, 5) / 1e9
+            print(
+                f"| {dtype} | {label} | {shape} | {ours:,.0f} | {theirs:,.0f} | "
+                f"{ours / theirs:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
