@@ -123,6 +123,7 @@ def _compiled_products(hlo: str) -> list[tuple[str, int]]:
     return products
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's kernels and HLO")
 @pytest.mark.parametrize("position", ["txl", "rope", "t5"])
 def test_compiled_bfloat16_training_step_multiplies_in_bfloat16(position):
     """XLA:CPU converts a product's operands to float32 (about 6× slower on AMX) when it cannot
