@@ -153,7 +153,9 @@ def _contiguous_groups(letters: str, groups: dict[str, list[str]]) -> list[str] 
 
 
 def _transposed(x: jax.Array, order: str, new_order: str) -> jax.Array:
-    """``x`` with its axes in ``new_order``, a copy that XLA may not fold into the product."""
+    """``x`` with its axes in ``new_order``, as a copy. The barrier alone does not keep XLA:CPU from
+    folding the transposition back into a product (it removes barriers early); ``_product``'s
+    reshape that merges the copy's axes does."""
     if order == new_order:
         return x
     return jax.lax.optimization_barrier(jnp.einsum(f"{order}->{new_order}", x))
