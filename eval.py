@@ -21,6 +21,7 @@ _SPLITS = flags.DEFINE_list("splits", ["valid", "test"], "Splits to evaluate.")
 def main(argv: list[str]) -> None:
     del argv
     host_memory.reuse_freed_memory()  # before JAX's first computation
+    cli.split_cpu_into_cores(cli.config())  # before JAX starts
     cli.initialize_distributed()
     import jax
 

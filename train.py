@@ -16,6 +16,7 @@ from relpos_jax import cli, host_memory
 def main(argv: list[str]) -> None:
     del argv
     host_memory.reuse_freed_memory()  # before JAX's first computation
+    cli.split_cpu_into_cores(cli.config())  # before JAX starts
     cli.initialize_distributed()
     from relpos_jax.checkpoint import latest_step
     from relpos_jax.train import NonFiniteLoss, Trainer

@@ -37,36 +37,48 @@ PEERS = {
 def ours(
     task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int, **model_overrides
 ) -> float:
-    """Tokens/s of relpos_jax for ``task`` in {train, eval}; ``model_overrides`` e.g. remat=True."""
+    """Tokens/s of relpos_jax for ``task`` in {train, eval}; ``model_overrides`` e.g. remat=True.
+
+    Run as ``train.py`` runs: on a CPU one device per core (``cpu_devices``, before JAX starts), the
+    batch and the memory split over the mesh's batch axes, the parameters laid out by its rules."""
+    from relpos_jax import cpu_devices, sharding
+    from relpos_jax.config import MeshConfig
+
+    cpu_devices.one_device_per_core([size["batch"]])
     import jax
     import optax
     from flax import nnx
 
+    mesh = sharding.make_mesh(MeshConfig())
     dropout = 0.1 if task == "train" else 0.0
     model = our_model(scheme, size, dropout=dropout, dtype=dtype, **model_overrides)
     batch, seg = size["batch"], size["seg"]
     data = jax.random.randint(jax.random.key(0), (batch, seg + 1), 0, VOCAB)
-    inputs, targets = data[:, :-1], data[:, 1:]
-    graphdef, state = nnx.split(model)
-    carry = {"mems": model.init_mems(batch)}
+    rows = sharding.batch_sharding(mesh)
+    inputs, targets = jax.device_put((data[:, :-1], data[:, 1:]), rows)
+    mems_sharding = sharding.memory_sharding(mesh)
+    carry = {"mems": jax.device_put(model.init_mems(batch), mems_sharding)}
     if task == "eval":
+        graphdef, state = nnx.split(model)
+        state = jax.device_put(state, sharding.state_shardings(state, mesh))
 
         @jax.jit
-        def forward(state, mems):
+        def forward(state, mems, inputs, targets):
             logits, mems = nnx.merge(graphdef, state)(inputs, mems)
             loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum()
             return loss, mems
 
         def call():
-            loss, carry["mems"] = forward(state, carry["mems"])
+            loss, carry["mems"] = forward(state, carry["mems"], inputs, targets)
             jax.block_until_ready(loss)
 
         return batch * seg / median_seconds(call, repeats, warmup)
 
     optimizer = nnx.Optimizer(model, optax.adam(2.5e-4), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
+    state_sharding = sharding.state_shardings(state, mesh)
 
-    def train_step(state, mems):
+    def train_step(state, mems, inputs, targets):
         model, optimizer = nnx.merge(graphdef, state)
 
         def loss_fn(model):
@@ -78,11 +90,17 @@ def ours(
         optimizer.update(model, grads)
         return loss, nnx.state((model, optimizer)), new_mems
 
-    train_step = jax.jit(train_step, donate_argnums=(0, 1))
-    carry["state"] = state
+    train_step = jax.jit(
+        train_step,
+        out_shardings=(sharding.replicated(mesh), state_sharding, mems_sharding),
+        donate_argnums=(0, 1),
+    )
+    carry["state"] = jax.device_put(state, state_sharding)
 
     def call():
-        loss, carry["state"], carry["mems"] = train_step(carry["state"], carry["mems"])
+        loss, carry["state"], carry["mems"] = train_step(
+            carry["state"], carry["mems"], inputs, targets
+        )
         jax.block_until_ready(loss)
 
     return batch * seg / median_seconds(call, repeats, warmup)

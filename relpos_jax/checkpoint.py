@@ -129,11 +129,17 @@ class Checkpointer:
 
     def restore_params(self, step: int, state: Any) -> Any:
         """The part of the ``state`` item that ``state`` names, e.g. ``{0: model_state}``: evaluation
-        needs neither the optimizer (whatever its structure), nor the memory, nor the data."""
+        needs neither the optimizer (whatever its structure), nor the memory, nor the data. The
+        arrays come back with the shardings of ``state``'s, whatever devices wrote them (a run on
+        one CPU device per core, read by a process with one device)."""
         reader = ocp.CheckpointManager(
             self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
         )
-        args = ocp.args.PyTreeRestore(item=state, partial_restore=True)
+        args = ocp.args.PyTreeRestore(
+            item=state,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(state),
+            partial_restore=True,
+        )
         try:
             return reader.restore(step, args=ocp.args.Composite(state=args))["state"]
         finally:

@@ -41,9 +41,7 @@ def initialize_distributed() -> None:
     """
     import jax
 
-    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
-    tpu_pod = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    if _COORDINATOR.value is None and not (_DISTRIBUTED.value or slurm or tpu_pod):
+    if not distributed_requested():
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across hosts
     if _COORDINATOR.value is not None:
@@ -52,6 +50,29 @@ def initialize_distributed() -> None:
         jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     else:
         jax.distributed.initialize()
+
+
+def distributed_requested() -> bool:
+    """Whether flags or the environment ask for several processes."""
+    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    tpu_pod = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    return _COORDINATOR.value is not None or _DISTRIBUTED.value or slurm or tpu_pod
+
+
+def split_cpu_into_cores(config) -> None:
+    """One CPU device per core (``cpu_devices``) for a single-process run of ``config``; before
+    JAX's first computation."""
+    from relpos_jax import cpu_devices
+    from relpos_jax.config import Config
+
+    if distributed_requested():
+        return
+    try:
+        cfg = Config.from_any(config)
+    except ConfigError:
+        return  # the run reports the invalid config itself, in one line
+    rows = cfg.data.batch_size // cfg.train.grad_accum
+    cpu_devices.one_device_per_core((cfg.data.batch_size, rows, cfg.eval.batch_size), cfg.mesh)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from relpos_jax import data as data_lib
+from relpos_jax import sharding
 from relpos_jax.config import Config, ConfigError, ModelConfig
 from relpos_jax.metrics import BITS_PER_NAT
 from relpos_jax.model import TransformerLM
@@ -58,10 +59,12 @@ def evaluate(
     segment_len: int,
     mem_len: int,
     max_tokens: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
-    """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once."""
+    """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once. With a
+    ``mesh``, the rows of each batch are split over its batch axes (``_score``)."""
     batches = data_lib.eval_batches(stream, batch_size, segment_len, max_tokens)
-    return _score(model, batches, mem_len, carry_memory=True)
+    return _score(model, batches, mem_len, carry_memory=True, mesh=mesh)
 
 
 def evaluate_sliding(
@@ -72,21 +75,34 @@ def evaluate_sliding(
     window: int,
     stride: int,
     max_tokens: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """The sliding-window protocol (no memory): every target once, after ≥ ``window − stride`` tokens
     of context recomputed from scratch; ``stride`` 1 is the vanilla model of the Transformer-XL paper's
     evaluation-speed table, which recomputes its whole context for every token."""
     batches = data_lib.sliding_batches(stream, batch_size, window, stride, max_tokens)
-    return _score(model, batches, 0, carry_memory=False)
+    return _score(model, batches, 0, carry_memory=False, mesh=mesh)
 
 
-def _score(model: TransformerLM, batches, mem_len: int, *, carry_memory: bool) -> dict[str, Any]:
+def _score(
+    model: TransformerLM, batches, mem_len: int, *, carry_memory: bool, mesh=None
+) -> dict[str, Any]:
+    """Sums the weighted losses of ``batches``. With a ``mesh`` (one process), parameters are laid
+    out by the training rules and each batch's rows, and the memory's, are split over the batch axes
+    when they divide them (else the batch is replicated): one CPU device per core
+    (``cpu_devices``) then runs evaluation on every core."""
     graphdef, state = nnx.split(model)
+    if mesh is not None and jax.process_count() > 1:
+        mesh = None  # each process's batches are its own rows; not placed on a global mesh
+    if mesh is not None:
+        state = jax.device_put(state, sharding.state_shardings(state, mesh))
     start = time.perf_counter()
     total_loss, total_count, mems = 0.0, 0.0, None
     for batch in batches:
         if mems is None or not carry_memory:
             mems = model.init_mems(batch["inputs"].shape[0], mem_len)
+        if mesh is not None:
+            batch, mems = _placed(batch, mems, mesh)
         loss, count, mems = _eval_step(graphdef, state, batch, mems)
         total_loss += float(loss)
         total_count += float(count)
@@ -101,8 +117,20 @@ def _score(model: TransformerLM, batches, mem_len: int, *, carry_memory: bool) -
     }
 
 
+def _placed(batch: dict, mems, mesh: jax.sharding.Mesh):
+    rows = batch["inputs"].shape[0]
+    if rows % (mesh.shape["data"] * mesh.shape["fsdp"]):
+        everywhere = sharding.replicated(mesh)
+        return jax.device_put(batch, everywhere), jax.device_put(mems, everywhere)
+    return (
+        jax.device_put(batch, sharding.batch_sharding(mesh)),
+        jax.device_put(mems, sharding.memory_sharding(mesh)),
+    )
+
+
 def evaluate_split(model: TransformerLM, config: Config, split: str, **overrides) -> dict[str, Any]:
-    """``evaluate`` on a split of ``config.data`` with the ``config.eval`` settings."""
+    """``evaluate`` on a split of ``config.data`` with the ``config.eval`` settings (``overrides``
+    may give ``mesh``)."""
     stream = data_lib.open_split(
         config.data.name, split, path=config.data.path, data_dir=config.data.dir
     )
@@ -150,6 +178,7 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
         "batch_size": config.eval.batch_size,
     }
     results: dict[str, Any] = {"settings": settings}
+    mesh = sharding.make_mesh(config.mesh)
     for split in splits:
-        results[split] = evaluate_split(model, config, split)
+        results[split] = evaluate_split(model, config, split, mesh=mesh)
     return results

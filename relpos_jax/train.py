@@ -293,6 +293,7 @@ class Trainer:
             max_tokens=max_tokens or None,
             segment_len=self.config.data.segment_len,
             mem_len=self.config.model.mem_len,
+            mesh=self.mesh,
         )
 
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:

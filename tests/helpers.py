@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -41,10 +42,12 @@ def logged_losses(workdir):
     return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
 
 
-def run_cli(*args):
+def run_cli(*args, **env):
+    """``python *args`` in the project root; ``env`` adds environment variables."""
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, **env},
+    )  # fmt: skip
 
 
 def tiny_flags(config, workdir) -> list[str]:

@@ -111,6 +111,21 @@ def test_train_and_eval_cli(tiny, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_moves_between_device_counts(tiny, tmp_path):
+    """Trained on two CPU devices (one per core), resumed and evaluated on one, and back."""
+    config, _ = tiny
+    flags = tiny_flags(config, tmp_path)
+    two = run_cli("train.py", *flags, "--config.train.steps=2", JAX_NUM_CPU_DEVICES="2")
+    assert two.returncode == 0, two.stderr
+    one = run_cli("train.py", *flags, "--config.train.steps=4", JAX_NUM_CPU_DEVICES="1")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.splitlines()[0].startswith("resuming from step 2")
+    evaluated = run_cli("eval.py", *flags, JAX_NUM_CPU_DEVICES="2")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 4
+
+
+@pytest.mark.slow
 def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes(tiny, tmp_path):
     import signal
     import time
