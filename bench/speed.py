@@ -1,7 +1,8 @@
 """Speed side by side: relpos_jax against x-transformers (CPU PyTorch) at the same sizes, in one run.
 
-    .venv/bin/python bench/speed.py [--repeats 5] [--warmup 2] [--schemes txl,t5,rope,alibi,sinusoid]
-        [--dtypes float32,bfloat16] [--tasks train,eval] [--size small|base]
+    .venv/bin/python bench/speed.py [--repeats 5] [--warmup 2] [--rounds 3]
+        [--schemes txl,t5,rope,alibi,sinusoid] [--dtypes float32,bfloat16] [--tasks train,eval]
+        [--size small|base]
 
 Needs the ``bench`` extra (``pip install -e .[bench]``: CPU PyTorch and x-transformers).
 
@@ -10,9 +11,11 @@ tokens/s (forward with memory, no gradient) of relpos_jax and of its x-transform
 Transformer-XL (ours) and T5 (ours) against x-transformers' T5 relative bias, rope against rotary,
 alibi against ALiBi, sinusoid against absolute — at txl_small's sizes (6 layers, d_model 256, 4×64
 heads, d_ff 1024, segment 128, memory 128, batch 16, dropout 0.1 in training). Each measurement runs
-in its own subprocess (``measure.isolated``), the two libraries alternating, so that peak resident
-memory is the measurement's own; tokens/s is the median of ``--repeats`` timed calls after
-``--warmup``. bfloat16 is relpos_jax's ``model.dtype = "bfloat16"`` (bf16 products with float32
+in its own subprocess (``measure.isolated``), so that peak resident memory is the measurement's own;
+tokens/s is the median of ``--repeats`` timed calls after ``--warmup``. Each cell runs ``--rounds``
+pairs of processes, ours then the peer's, and reports the medians over the rounds and the ratio of
+each pair: this machine is shared, and one pair's ratio moves by up to ±10% from load that neither
+process controls. bfloat16 is relpos_jax's ``model.dtype = "bfloat16"`` (bf16 products with float32
 accumulation, float32 master weights) against ``torch.autocast("cpu", torch.bfloat16)``.
 
 The other speed benchmarks: ``payoff.py`` (memory against recomputation), ``scaling.py`` (time and
@@ -22,6 +25,7 @@ memory against segment length), ``mfu.py`` (model FLOPs utilisation on an accele
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
 
@@ -165,10 +169,11 @@ def side_by_side(args) -> None:
     print(
         f"{size['layers']} layers, d_model {size['d_model']}, {size['heads']} heads, d_ff "
         f"{size['d_ff']}, segment {size['seg']}, memory {size['mem']}, batch {size['batch']}; "
-        f"tokens/s, median of {args.repeats} after {args.warmup}\n"
+        f"tokens/s, median of {args.repeats} after {args.warmup} in each process; {args.rounds} "
+        "rounds of (ours, peer) processes, medians over the rounds\n"
     )
     print("| task | dtype | scheme | relpos_jax tok/s | peak MiB | x-transformers | tok/s | "
-          "peak MiB | ours / peer |")  # fmt: skip
+          "peak MiB | ours / peer (each round) |")  # fmt: skip
     print("|---|---|---|---:|---:|---|---:|---:|---:|")
     for task in args.tasks.split(","):
         for dtype in args.dtypes.split(","):
@@ -177,28 +182,42 @@ def side_by_side(args) -> None:
                     task=task, scheme=scheme, dtype=dtype, size=args.size,
                     repeats=args.repeats, warmup=args.warmup,
                 )  # fmt: skip
-                mine = isolated(__file__, {**spec, "library": "relpos_jax"})
-                theirs = (
-                    isolated(__file__, {**spec, "library": "x-transformers"})
-                    if scheme in PEERS
-                    else {}
-                )
-                ratio = (
-                    f"{mine['tokens_per_sec'] / theirs['tokens_per_sec']:.2f}x"
-                    if "tokens_per_sec" in mine and "tokens_per_sec" in theirs
-                    else ""
-                )
-                peer_cells = (
-                    f"{PEERS[scheme]} | {cell(theirs, 'tokens_per_sec')} | "
-                    f"{cell(theirs, 'peak_mib')}"
-                    if theirs
-                    else "— | | "
-                )
-                print(
-                    f"| {task} | {dtype} | {scheme} | {cell(mine, 'tokens_per_sec')} | "
-                    f"{cell(mine, 'peak_mib')} | {peer_cells} | {ratio} |",
-                    flush=True,
-                )
+                mine, theirs = [], []
+                for _ in range(args.rounds):  # alternating, so both see the same machine
+                    mine.append(isolated(__file__, {**spec, "library": "relpos_jax"}))
+                    if scheme in PEERS:
+                        theirs.append(isolated(__file__, {**spec, "library": "x-transformers"}))
+                print(row(task, dtype, scheme, mine, theirs), flush=True)
+
+
+def row(task: str, dtype: str, scheme: str, mine: list[dict], theirs: list[dict]) -> str:
+    """One table row: medians over the rounds, and the ratio of each round (ours / peer)."""
+    ours_cells = f"{cell(merged(mine), 'tokens_per_sec')} | {cell(merged(mine), 'peak_mib')}"
+    if not theirs:
+        return f"| {task} | {dtype} | {scheme} | {ours_cells} | — | | | |"
+    peer = merged(theirs)
+    ratios = [
+        a["tokens_per_sec"] / b["tokens_per_sec"]
+        for a, b in zip(mine, theirs, strict=True)
+        if "tokens_per_sec" in a and "tokens_per_sec" in b
+    ]
+    ratio = (
+        f"**{statistics.median(ratios):.2f}x** ({', '.join(f'{r:.2f}' for r in ratios)})"
+        if ratios
+        else ""
+    )
+    return (
+        f"| {task} | {dtype} | {scheme} | {ours_cells} | {PEERS[scheme]} | "
+        f"{cell(peer, 'tokens_per_sec')} | {cell(peer, 'peak_mib')} | {ratio} |"
+    )
+
+
+def merged(results: list[dict]) -> dict:
+    """The median of each measurement over the rounds that ran; the first error if none did."""
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return results[0]
+    return {key: statistics.median(r[key] for r in good) for key in good[0]}
 
 
 def worker(spec: dict) -> dict:
@@ -214,6 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="(ours, peer) process pairs per cell")
     parser.add_argument("--schemes", default=",".join(PEERS))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--tasks", default="train,eval")

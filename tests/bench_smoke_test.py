@@ -66,7 +66,17 @@ def test_speed_benchmarks_run():
     """Toy sizes; x-transformers cells may say error where the bench extra is not installed."""
     bench = [sys.executable, "-X", "faulthandler"]
     runs = {
-        "speed": ["speed.py", "--schemes", "txl", "--dtypes", "bfloat16", "--repeats", "1"],
+        "speed": [
+            "speed.py",
+            "--schemes",
+            "txl",
+            "--dtypes",
+            "bfloat16",
+            "--repeats",
+            "1",
+            "--rounds",
+            "2",
+        ],
         "payoff": ["payoff.py", "--contexts", "32", "--repeats", "1"],
         "scaling": ["scaling.py", "--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
         "mfu": ["mfu.py", "--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"],
