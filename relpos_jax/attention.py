@@ -115,8 +115,8 @@ class Attention(nnx.Module):
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
         logits = self._content_and_position_logits(q, k, ctx)
         logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
-        if ctx.bias is not None:
-            logits = logits + ctx.bias
+        if ctx.bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
+            logits = precision.add_bias(logits, ctx.bias)
         logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
         return jax.nn.softmax(logits, axis=-1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -81,6 +82,32 @@ def test_bias_gradient_is_summed_in_float32():
     np.testing.assert_allclose(jax.grad(loss)(bias, x), exact, rtol=1e-6, atol=1e-5)
     with pytest.raises(ValueError, match=r"add_bias: bias\.shape"):
         precision.add_bias(x, bias.T)
+
+
+@pytest.mark.parametrize("shape", [(8, 4, 16, 32), (256, 8), (3, 5, 7)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_sum_leading_equals_a_float64_sum(shape, dtype):
+    """Few long rows (summed by a product with ones on a CPU) and many short rows alike."""
+    x = jax.random.normal(jax.random.key(3), shape).astype(dtype)
+    for count in range(1, len(shape)):
+        total = jax.jit(precision.sum_leading, static_argnums=1)(x, count)
+        exact = np.asarray(x, np.float64).sum(tuple(range(count)))
+        assert total.dtype == jnp.float32 and total.shape == shape[count:]
+        np.testing.assert_allclose(total, exact, rtol=1e-6, atol=1e-5)
+
+
+def test_bias_over_the_batch_has_the_gradient_of_the_broadcast():
+    """T5's ``[N, T, K]`` bias added to ``[B, N, T, K]`` logits: the gradient of ``x + bias``."""
+    x = jax.random.normal(jax.random.key(0), (4, 2, 8, 16))
+    bias = jax.random.normal(jax.random.key(1), (2, 8, 16))
+    weights = jax.random.normal(jax.random.key(2), x.shape)
+
+    def loss(add, bias):
+        return (jnp.tanh(add(x, bias)) * weights).sum()
+
+    ours = jax.jit(jax.grad(functools.partial(loss, precision.add_bias), argnums=0))(bias)
+    plain = jax.grad(functools.partial(loss, lambda x, b: x + b), argnums=0)(bias)
+    np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-6)
 
 
 def test_an_index_summed_inside_one_operand_is_refused():
