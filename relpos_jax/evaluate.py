@@ -178,7 +178,10 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
         "batch_size": config.eval.batch_size,
     }
     results: dict[str, Any] = {"settings": settings}
-    mesh = sharding.make_mesh(config.mesh)
+    try:
+        mesh = sharding.make_mesh(config.mesh)
+    except ConfigError:  # a training mesh these devices do not fit: evaluation needs none
+        mesh = None
     for split in splits:
         results[split] = evaluate_split(model, config, split, mesh=mesh)
     return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from relpos_jax.config import ConfigError
+from relpos_jax.config import ConfigError, MeshConfig
 from relpos_jax.evaluate import restore_model, run_eval
 from relpos_jax.train import Trainer
 from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
@@ -42,6 +43,9 @@ def test_train_resume_and_evaluate(tiny, tmp_path):
         == (text_len - int(text_len * 0.9)) - 2
     )
     assert results["valid"]["bpc"] < 8.0  # better than uniform over bytes
+    # trained on a mesh this machine does not have (8 data devices): evaluated all the same
+    elsewhere = run_eval(model, dataclasses.replace(cfg, mesh=MeshConfig(data=8)), ["valid"])
+    assert elsewhere["valid"]["bpc"] == pytest.approx(results["valid"]["bpc"], rel=1e-6)
 
 
 @pytest.mark.slow
