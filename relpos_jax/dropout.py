@@ -7,11 +7,15 @@ txl_small bf16 training step. Here the same hash is written out as elementwise o
 elements' counters, so XLA fuses hash, comparison and masking into one vectorised loop, with
 nothing written but the result (3.6× faster on a [16, 128, 1024] mask).
 
-The draws are exactly ``jax.random.bits(key, shape, jnp.uint32)`` (threefry2x32 keys, the default
-partitionable counters: each element's flat index), so masks are reproducible and, being
-elementwise in the counters, shard like their input. An element is kept when its draw is at least
-``round(rate · 2³²)``, and kept elements are scaled by the exact ``1 / (1 − rounded rate)``. The
-module's state (rate, RNG stream) is ``nnx.Dropout``'s own.
+Each hash gives two 32-bit words, and ``jax.random.bits(key, shape, jnp.uint32)`` keeps only their
+exclusive or: half of the work thrown away. A mask here takes both words as two draws
+(``random_draws``): a last-axis row of length L uses ⌈L/2⌉ hashes, their first words for its first
+half and their second words for the rest. These are exactly the 64-bit ``jax.random.bits(key,
+(..., ⌈L/2⌉), jnp.uint64)`` split in two (threefry2x32 keys, the default partitionable counters),
+so masks are reproducible and, as the counters follow the leading axes, shard like their input;
+a dropout costs about half as much (1M-element bf16 mask, forward and backward: 3.1 → 1.7 ms).
+An element is kept when its draw is at least ``round(rate · 2³²)``, and kept elements are scaled by
+the exact ``1 / (1 − rounded rate)``. The module's state (rate, RNG stream) is ``nnx.Dropout``'s own.
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return high ^ low
 
 
+def random_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform 32-bit draws of ``shape``, two per hash (see the module docstring): row ``r`` of the
+    last axis is ``concatenate([high(r), low(r)])[:L]``, the words of 64-bit ``jax.random.bits``."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    *leading, length = shape or (1,)
+    pairs = -(-length // 2)
+    if str(jax.random.key_impl(key)) != "threefry2x32" or math.prod(leading) * pairs >= 1 << 32:
+        return random_bits(key, shape)
+    k1, k2 = jax.random.key_data(key)
+    counters = jax.lax.iota(jnp.uint32, math.prod(leading) * pairs).reshape(*leading, 1, pairs)
+    high, low = _threefry2x32(k1, k2, jnp.zeros_like(counters), counters)
+    rows = jnp.concatenate([high, low], axis=-2).reshape(*leading, 2 * pairs)
+    return rows[..., :length].reshape(shape)
+
+
 def _threefry2x32(k1, k2, x1, x2):
     """The Threefry-2x32 hash (20 rounds) of the counter pairs ``(x1, x2)`` under key ``(k1, k2)``."""
     keys = (k1, k2, k1 ^ k2 ^ jnp.uint32(0x1BD11BDA))
@@ -55,7 +75,7 @@ def _threefry2x32(k1, k2, x1, x2):
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> tuple[jax.Array, float]:
     """``(mask, scale)``: a boolean keep mask of ``shape`` and the factor for the kept elements."""
     threshold = min(round(rate * LEVELS), LEVELS - 1)
-    mask = random_bits(key, shape) >= jnp.uint32(threshold)
+    mask = random_draws(key, shape) >= jnp.uint32(threshold)
     return mask, LEVELS / (LEVELS - threshold)
 
 

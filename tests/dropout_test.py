@@ -1,5 +1,5 @@
-"""Fused dropout: its bits are jax.random.bits, the rate and the expectation hold, masks are
-reproducible and vary with the key."""
+"""Fused dropout: its bits are jax.random.bits (both 32-bit words of each hash), the rate and the
+expectation hold, masks are reproducible and vary with the key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax.dropout import LEVELS, Dropout, keep_mask, random_bits
+from relpos_jax.dropout import LEVELS, Dropout, keep_mask, random_bits, random_draws
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 129), (1,), (0, 4)])
@@ -30,12 +30,50 @@ def test_other_key_implementations_fall_back_to_jax_random_bits():
     )
 
 
-def test_mask_is_the_threshold_of_the_bits():
+def _words_of_64_bit_draws(key, shape):
+    """The reference: each last-axis row is the high words of ⌈L/2⌉ 64-bit jax.random.bits, then
+    their low words, cut to L."""
+    *leading, length = shape or (1,)
+    with jax.enable_x64(True):
+        draws = np.asarray(jax.random.bits(key, (*leading, -(-length // 2)), jnp.uint64))
+    rows = np.concatenate([draws >> np.uint64(32), draws & np.uint64(0xFFFFFFFF)], axis=-1)
+    return rows[..., :length].astype(np.uint32).reshape(shape)
+
+
+@pytest.mark.parametrize("shape", [(8,), (7,), (3, 5), (2, 3, 130), (2, 3, 129), (1,), (), (0, 4)])
+@pytest.mark.parametrize("seed", [0, 1234567])
+def test_draws_are_both_words_of_jax_random_bits(shape, seed):
+    key = jax.random.key(seed)
+    want = _words_of_64_bit_draws(key, shape)
+    np.testing.assert_array_equal(random_draws(key, shape), want)
+    np.testing.assert_array_equal(jax.jit(random_draws, static_argnums=1)(key, shape), want)
+    np.testing.assert_array_equal(random_draws(jax.random.key_data(key), shape), want)
+
+
+def test_draws_of_other_key_implementations_are_jax_random_bits():
+    key = jax.random.key(5, impl="rbg")
+    np.testing.assert_array_equal(
+        random_draws(key, (4, 9)), jax.random.bits(key, (4, 9), jnp.uint32)
+    )
+
+
+def test_both_words_are_independent_uniform_draws():
+    """The two halves of a row (one hash's two words) are uncorrelated and uniform."""
+    draws = np.asarray(random_draws(jax.random.key(7), (4096, 64)), np.float64) / LEVELS
+    first, second = draws[:, :32].ravel(), draws[:, 32:].ravel()
+    sigma = 1 / np.sqrt(first.size)
+    assert abs(np.corrcoef(first, second)[0, 1]) < 5 * sigma
+    for half in (first, second):
+        assert abs(half.mean() - 0.5) < 5 * sigma * np.sqrt(1 / 12)
+        counts = np.histogram(half, bins=16, range=(0, 1))[0]
+        expected = half.size / 16
+        assert ((counts - expected) ** 2 / expected).sum() < 60  # chi-square, 15 dof: p ≈ 1e-7
+
+
+def test_mask_is_the_threshold_of_the_draws():
     key, shape = jax.random.key(2), (32, 65)
     mask, _ = keep_mask(key, shape, 0.3)
-    np.testing.assert_array_equal(
-        mask, jax.random.bits(key, shape, jnp.uint32) >= round(0.3 * LEVELS)
-    )
+    np.testing.assert_array_equal(mask, _words_of_64_bit_draws(key, shape) >= round(0.3 * LEVELS))
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.9])
