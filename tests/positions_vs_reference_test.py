@@ -5,6 +5,7 @@ Random inputs, ``Tq != Tk`` (memory before the segment), several lengths, float6
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -34,6 +35,26 @@ def test_rel_shift(x64, rng, q_len, mem_len):
     want = ref.rel_shift(x)
     got = np.asarray(P.rel_shift(jnp.asarray(x)))
     np.testing.assert_array_equal(got[_mask(want)], want[_mask(want)])
+
+
+def _paper_rel_shift(x):
+    """The paper's pad-reshape-slice (kimiyoung/transformer-xl ``_rel_shift``), every entry."""
+    *lead, q_len, k_len = x.shape
+    padded = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (1, 0)])
+    return padded.reshape(*lead, k_len + 1, q_len)[..., 1:, :].reshape(x.shape)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (4, 4), (5, 3), (1, 1), (3, 6, 1), (2, 7, 12)])
+def test_rel_shift_is_the_papers_shift_everywhere_with_its_exact_gradient(x64, rng, shape):
+    """Also the masked entries, and the VJP (gathers) equals autodiff of pad-reshape-slice for any
+    cotangent, not only a masked one; Tk < Tq included."""
+    x, cotangent = jnp.asarray(rng.normal(size=shape)), jnp.asarray(rng.normal(size=shape))
+    np.testing.assert_array_equal(P.rel_shift(x), _paper_rel_shift(x))
+    np.testing.assert_array_equal(jax.jit(P.rel_shift)(x), _paper_rel_shift(x))
+    got = jax.vjp(P.rel_shift, x)[1](cotangent)[0]
+    want = jax.vjp(_paper_rel_shift, x)[1](cotangent)[0]
+    np.testing.assert_array_equal(got, want)
+    jax.test_util.check_grads(P.rel_shift, (x,), order=2, modes=("rev",))
 
 
 @pytest.mark.parametrize(("q_len", "mem_len"), SHAPES)

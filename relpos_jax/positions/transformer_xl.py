@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from relpos_jax.positions import _checks
 from relpos_jax.positions.absolute import sinusoid
@@ -46,12 +47,46 @@ def rel_shift(x: jax.Array) -> jax.Array:
     Column c of ``x`` holds relative distance ``Tk − 1 − c``. The result ``y`` has
     ``y[..., i, j] = x[..., i, j + Tq − 1 − i]`` wherever ``j ≤ i + (Tk − Tq)`` (the causal part; the
     other entries hold values of neighbouring rows and must be masked).
+
+    The paper pads a zero column, reads the ``[Tq, Tk + 1]`` block as ``[Tk + 1, Tq]``, drops its first
+    row and reads the rest as ``[Tq, Tk]``. Here each ``[Tq, Tk]`` block is one gather with indices
+    fixed at trace time, and the backward pass is the exact transpose, another such gather: XLA:CPU
+    fuses the reshapes into the neighbouring operations as per-element divisions, 2.9× slower for
+    the backward pass fused with its layout copy (one core, bf16 ``[8, 4, 128, 256]``: 4.1 → 1.4 ms).
     """
     _checks.ndim("rel_shift", "x", x, tuple(range(2, 9)), "[..., Tq, Tk]")
+    return _rel_shift(x)
+
+
+def _gather_block(x: jax.Array, source: np.ndarray, valid: np.ndarray) -> jax.Array:
+    """``y[..., i, j] = x[..., flat source[i, j]]`` within each ``[Tq, Tk]`` block, 0 where not valid."""
     *lead, q_len, k_len = x.shape
-    padded = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (1, 0)])
-    padded = padded.reshape(*lead, k_len + 1, q_len)
-    return padded[..., 1:, :].reshape(*lead, q_len, k_len)
+    flat = x.reshape(*lead, q_len * k_len)
+    taken = jnp.take(flat, np.maximum(source, 0), axis=-1, mode="clip")
+    return jnp.where(valid, taken, jnp.zeros((), x.dtype))
+
+
+@jax.custom_vjp
+def _rel_shift(x: jax.Array) -> jax.Array:
+    q_len, k_len = x.shape[-2:]
+    padded = np.arange(q_len)[:, None] * k_len + np.arange(k_len) + q_len  # in the padded block
+    row, col = np.divmod(padded, k_len + 1)  # column 0 is the zero padding
+    return _gather_block(x, row * k_len + col - 1, col >= 1)
+
+
+def _rel_shift_forward(x: jax.Array):
+    return _rel_shift(x), None
+
+
+def _rel_shift_backward(_, cotangent: jax.Array):
+    """Element ``[i, c]`` of ``x`` lands at flat position ``i·(Tk + 1) + c + 1 − Tq`` of the result's
+    block, or is dropped where that is negative."""
+    q_len, k_len = cotangent.shape[-2:]
+    source = np.arange(q_len)[:, None] * (k_len + 1) + np.arange(k_len) + 1 - q_len
+    return (_gather_block(cotangent, source, source >= 0),)
+
+
+_rel_shift.defvjp(_rel_shift_forward, _rel_shift_backward)
 
 
 def position_logits(
