@@ -50,6 +50,46 @@ def test_bfloat16_matches_float32_on_rounded_inputs_forward_and_backward(
         np.testing.assert_allclose(g.astype(jnp.float32), w, rtol=2e-2, atol=2e-2)
 
 
+# The model's products and their gradients' (forward specs with their transposes), in shapes where
+# either operand may be put on the left.
+MODEL_SPECS = [
+    ("aby,yz->abz", (2, 6, 16), (16, 4)),  # dense
+    ("aby,abz->yz", (2, 6, 16), (2, 6, 4)),  # its weight gradient: [BT, F]ᵀ·[BT, D]
+    ("abz,aby->yz", (2, 6, 4), (2, 6, 16)),
+    ("bkd,dsnh->sbknh", (2, 5, 8), (8, 2, 3, 4)),  # fused key/value projection
+    ("bkd,sbknh->dsnh", (2, 5, 8), (2, 2, 5, 3, 4)),
+    ("bqnh,knh->bnqk", (2, 5, 3, 4), (7, 3, 4)),  # Transformer-XL position term
+    ("bnqk,bqnh->knh", (2, 3, 5, 7), (2, 5, 3, 4)),
+    ("bnqk,knh->bqnh", (2, 3, 5, 7), (7, 3, 4)),
+    ("bnqk,bknh->bqnh", (2, 3, 5, 7), (2, 7, 3, 4)),  # weights · values
+]
+
+
+@pytest.mark.parametrize(("spec", "a_shape", "b_shape"), MODEL_SPECS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_every_operand_order_computes_the_einsum(spec, a_shape, b_shape, dtype, rng):
+    a, b = (jnp.asarray(rng.normal(size=s), dtype) for s in (a_shape, b_shape))
+    exact = np.einsum(spec, np.asarray(a, np.float64), np.asarray(b, np.float64))
+    got = precision._product(spec, a, b)
+    assert got.dtype == jnp.float32 and got.shape == exact.shape
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+    inputs, out = spec.split("->")
+    lhs, rhs = inputs.split(",")
+    swapped = precision._product(f"{rhs},{lhs}->{out}", b, a)  # the other plan chosen first
+    np.testing.assert_allclose(swapped, exact, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_gradient_transposes_its_narrow_side():
+    """[BT, F]ᵀ·[BT, D] with F = 4·D: transposing the [BT, D] side and the [D, F] result copies
+    half the bytes of transposing [BT, F], so the narrow side goes on the left."""
+    size = dict(a=8, b=128, y=1024, z=256)
+    wide_left = precision._Plan("aby", "abz", "yz", size, 4, 4)
+    narrow_left = precision._Plan("abz", "aby", "yz", size, 4, 4)
+    assert narrow_left.copied_bytes < wide_left.copied_bytes
+    assert (narrow_left.lhs_order, narrow_left.rhs_order) == ("zab", "aby")  # [BT, F] in place
+    assert narrow_left.result == "zy"
+
+
 def test_backward_products_take_bfloat16_operands():
     """The reason for the custom VJP: JAX's own rule would multiply in float32."""
     a, b = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 6), jnp.float32)
