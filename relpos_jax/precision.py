@@ -121,7 +121,8 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     to ``[batch, rows, contracted]`` when it is not already, and the copy is reshaped with its groups
     of axes merged, which XLA cannot fold back into the product. The right operand is read in place
     (``[batch, contracted, columns]`` and ``[batch, columns, contracted]`` are equally fast) when
-    each of its groups of axes is contiguous, and copied to ``[batch, contracted, columns]`` if not.
+    each of its groups of axes is contiguous, and copied if not, to whichever of the two keeps its
+    last axis last (a copy of whole rows, not single elements).
 
     Either operand may go on the left (the product then comes out with its free axes swapped): the
     order whose copies cost less is taken, a copy that moves the last axis counting 4× its bytes.
@@ -178,8 +179,10 @@ class _Plan:
             "columns": [c for c in rhs if c not in lhs],
         }
         self.rhs_groups = _contiguous_groups(rhs, self.groups)
-        if self.rhs_groups is None:
-            self.rhs_groups = [g for g in ("batch", "summed", "columns") if self.groups[g]]
+        if self.rhs_groups is None:  # copied: keep its last axis last if either order can
+            orders = [("batch", "summed", "columns"), ("batch", "columns", "summed")]
+            orders.sort(key=lambda order: [c for g in order for c in self.groups[g]][-1] != rhs[-1])
+            self.rhs_groups = [g for g in orders[0] if self.groups[g]]
         self.rhs_order = "".join(c for g in self.rhs_groups for c in self.groups[g])
         self.lhs_groups = [g for g in ("batch", "rows", "summed") if self.groups[g]]
         self.lhs_order = "".join(c for g in self.lhs_groups for c in self.groups[g])

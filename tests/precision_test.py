@@ -90,6 +90,13 @@ def test_a_weight_gradient_transposes_its_narrow_side():
     assert narrow_left.result == "zy"
 
 
+def test_a_copied_right_operand_keeps_its_last_axis():
+    """The keys of q·kᵀ (``bknh``) are copied to ``bnkh`` (whole rows of H), not ``bnhk``."""
+    size = dict(b=8, q=128, k=256, n=4, h=64)
+    plan = precision._Plan("bqnh", "bknh", "bnqk", size, 2, 2)
+    assert (plan.lhs_order, plan.rhs_order, plan.result) == ("bnqh", "bnkh", "bnqk")
+
+
 def test_backward_products_take_bfloat16_operands():
     """The reason for the custom VJP: JAX's own rule would multiply in float32."""
     a, b = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 6), jnp.float32)
