@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 
