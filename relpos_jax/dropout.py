@@ -33,10 +33,9 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """``jax.random.bits(key, shape, jnp.uint32)``, computed elementwise so that XLA can fuse it."""
-    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.wrap_key_data(key)  # a raw uint32[2] key of the default implementation
     size = math.prod(shape)
-    if str(jax.random.key_impl(key)) != "threefry2x32" or size >= 1 << 32:
+    key, fused = _fused_key(key, size)
+    if not fused:
         return jax.random.bits(key, shape, jnp.uint32)
     k1, k2 = jax.random.key_data(key)
     counters = jax.lax.iota(jnp.uint32, size).reshape(shape)
@@ -53,17 +52,24 @@ def random_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 def _word_pairs(key: jax.Array, shape: tuple[int, ...], of_words) -> jax.Array:
     """``of_words`` (elementwise) of ``random_draws(key, shape)``, applied to each hash's words
     before they are laid out, so that XLA stores its result (a mask: one byte, not four)."""
-    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.wrap_key_data(key)  # a raw uint32[2] key of the default implementation
     *leading, length = shape or (1,)
     pairs = -(-length // 2)
-    if str(jax.random.key_impl(key)) != "threefry2x32" or math.prod(leading) * pairs >= 1 << 32:
+    key, fused = _fused_key(key, math.prod(leading) * pairs)
+    if not fused:
         return of_words(random_bits(key, shape))
     k1, k2 = jax.random.key_data(key)
     counters = jax.lax.iota(jnp.uint32, math.prod(leading) * pairs).reshape(*leading, 1, pairs)
     high, low = _threefry2x32(k1, k2, jnp.zeros_like(counters), counters)
     rows = jnp.concatenate([of_words(high), of_words(low)], axis=-2)
     return rows.reshape(*leading, 2 * pairs)[..., :length].reshape(shape)
+
+
+def _fused_key(key: jax.Array, counters: int) -> tuple[jax.Array, bool]:
+    """``key`` as a typed key, and whether its hash can be written out here: threefry2x32 keys
+    (a raw uint32[2] key is one of the default implementation) and fewer than 2³² counters."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return key, str(jax.random.key_impl(key)) == "threefry2x32" and counters < 1 << 32
 
 
 def _threefry2x32(k1, k2, x1, x2):

@@ -141,9 +141,8 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     swapped = _Plan(rhs, lhs, out, size, b.dtype.itemsize, a.dtype.itemsize)
     if swapped.copied_bytes < plan.copied_bytes:
         a, b, plan = b, a, swapped
-    if plan.rhs_order != plan.rhs:
-        b = _transposed(b, plan.rhs, plan.rhs_order)
     a = _transposed(a, plan.lhs, plan.lhs_order)
+    b = _transposed(b, plan.rhs, plan.rhs_order)
 
     def merged(x, names):
         return x.reshape([math.prod(size[c] for c in plan.groups[g]) for g in names])
