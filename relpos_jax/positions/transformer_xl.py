@@ -42,36 +42,42 @@ def relative_sinusoid(
 
 
 def rel_shift(x: jax.Array) -> jax.Array:
-    """The Transformer-XL pad-reshape-slice shift on the last two axes ``[..., Tq, Tk]``.
+    """The Transformer-XL shift on the last two axes ``[..., Tq, Tk]``; zero outside the causal part.
 
     Column c of ``x`` holds relative distance ``Tk − 1 − c``. The result ``y`` has
-    ``y[..., i, j] = x[..., i, j + Tq − 1 − i]`` wherever ``j ≤ i + (Tk − Tq)`` (the causal part; the
-    other entries hold values of neighbouring rows and must be masked).
+    ``y[..., i, j] = x[..., i, j + Tq − 1 − i]`` wherever ``j ≤ i + (Tk − Tq)`` (the causal part) and
+    0 elsewhere, where the paper's pad-reshape-slice leaves values of neighbouring rows that the
+    caller masks anyway.
 
-    The paper pads a zero column, reads the ``[Tq, Tk + 1]`` block as ``[Tk + 1, Tq]``, drops its first
-    row and reads the rest as ``[Tq, Tk]``. Here each ``[Tq, Tk]`` block is one gather with indices
-    fixed at trace time, and the backward pass is the exact transpose, another such gather: XLA:CPU
-    fuses the reshapes into the neighbouring operations as per-element divisions, 2.9× slower for
-    the backward pass fused with its layout copy (one core, bf16 ``[8, 4, 128, 256]``: 4.1 → 1.4 ms).
+    The paper pads a zero column and reads the ``[Tq, Tk + 1]`` block as ``[Tk + 1, Tq]``; XLA:CPU
+    turns those reshapes into per-element divisions by ``Tk + 1`` wherever it fuses them into a
+    neighbouring loop. Here row i of the result is the run of the flattened block that starts at
+    ``Tq − 1 + i·(Tk − 1)``: rows of ``Tk − 1`` read at that stride, plus a last column that is
+    causal only in the last row. The backward pass (a custom VJP, the exact transpose) reads the
+    cotangent at row stride ``Tk + 1``: a pad and a reshape. Both divide only by ``Tk`` (a shift for
+    the usual power-of-two windows), and the forward pass needs no index table.
     """
     _checks.ndim("rel_shift", "x", x, tuple(range(2, 9)), "[..., Tq, Tk]")
     return _rel_shift(x)
 
 
-def _gather_block(x: jax.Array, source: np.ndarray, valid: np.ndarray) -> jax.Array:
-    """``y[..., i, j] = x[..., flat source[i, j]]`` within each ``[Tq, Tk]`` block, 0 where not valid."""
-    *lead, q_len, k_len = x.shape
-    flat = x.reshape(*lead, q_len * k_len)
-    taken = jnp.take(flat, np.maximum(source, 0), axis=-1, mode="clip")
-    return jnp.where(valid, taken, jnp.zeros((), x.dtype))
+def _causal(q_len: int, k_len: int) -> np.ndarray:
+    return np.arange(k_len) <= np.arange(q_len)[:, None] + (k_len - q_len)
+
+
+def _pad_last_two(x: jax.Array, rows: tuple[int, int], cols: tuple[int, int]) -> jax.Array:
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [rows, cols])
 
 
 @jax.custom_vjp
 def _rel_shift(x: jax.Array) -> jax.Array:
-    q_len, k_len = x.shape[-2:]
-    padded = np.arange(q_len)[:, None] * k_len + np.arange(k_len) + q_len  # in the padded block
-    row, col = np.divmod(padded, k_len + 1)  # column 0 is the zero padding
-    return _gather_block(x, row * k_len + col - 1, col >= 1)
+    *lead, q_len, k_len = x.shape
+    flat = x.reshape(*lead, q_len * k_len)
+    start = q_len - 1
+    body = flat[..., start : start + q_len * (k_len - 1)].reshape(*lead, q_len, k_len - 1)
+    last = _pad_last_two(x[..., q_len - 1 :, k_len - 1 :], (q_len - 1, 0), (0, 0))
+    shifted = jnp.concatenate([body, last], axis=-1)
+    return jnp.where(_causal(q_len, k_len), shifted, jnp.zeros((), x.dtype))
 
 
 def _rel_shift_forward(x: jax.Array):
@@ -79,11 +85,14 @@ def _rel_shift_forward(x: jax.Array):
 
 
 def _rel_shift_backward(_, cotangent: jax.Array):
-    """Element ``[i, c]`` of ``x`` lands at flat position ``i·(Tk + 1) + c + 1 − Tq`` of the result's
-    block, or is dropped where that is negative."""
-    q_len, k_len = cotangent.shape[-2:]
-    source = np.arange(q_len)[:, None] * (k_len + 1) + np.arange(k_len) + 1 - q_len
-    return (_gather_block(cotangent, source, source >= 0),)
+    """``x[i, c]`` went to ``y[i, c − (Tq − 1 − i)]`` (flat position ``i·(Tk + 1) + c − (Tq − 1)``)
+    when that column is ≥ 0; every such entry is causal."""
+    *lead, q_len, k_len = cotangent.shape
+    flat = cotangent.reshape(*lead, 1, q_len * k_len)
+    padded = _pad_last_two(flat, (0, 0), (q_len - 1, 1))
+    grad = padded.reshape(*lead, q_len, k_len + 1)[..., :k_len]
+    landed = np.arange(k_len) >= (q_len - 1 - np.arange(q_len))[:, None]
+    return (jnp.where(landed, grad, jnp.zeros((), cotangent.dtype)),)
 
 
 _rel_shift.defvjp(_rel_shift_forward, _rel_shift_backward)
