@@ -62,6 +62,12 @@ MODEL_SPECS = [
     ("bnqk,bqnh->knh", (2, 3, 5, 7), (2, 5, 3, 4)),
     ("bnqk,knh->bqnh", (2, 3, 5, 7), (7, 3, 4)),
     ("bnqk,bknh->bqnh", (2, 3, 5, 7), (2, 7, 3, 4)),  # weights · values
+    ("bkd,dsnh->sbnhk", (2, 5, 8), (8, 2, 3, 4)),  # keys and values as columns (attention.py)
+    ("bkd,sbnhk->dsnh", (2, 5, 8), (2, 2, 3, 4, 5)),
+    ("sbnhk,dsnh->bkd", (2, 2, 3, 4, 5), (8, 2, 3, 4)),
+    ("bqnh,bnhk->bnqk", (2, 5, 3, 4), (2, 3, 4, 7)),
+    ("bnqk,bqnh->bnhk", (2, 3, 5, 7), (2, 5, 3, 4)),
+    ("bnqk,bnhk->bqnh", (2, 3, 5, 7), (2, 3, 4, 7)),
 ]
 
 

@@ -52,8 +52,8 @@ def rel_shift(x: jax.Array) -> jax.Array:
     The paper pads a zero column and reads the ``[Tq, Tk + 1]`` block as ``[Tk + 1, Tq]``; XLA:CPU
     turns those reshapes into per-element divisions by ``Tk + 1`` wherever it fuses them into a
     neighbouring loop. Here row i of the result is the run of the flattened block that starts at
-    ``Tq − 1 + i·(Tk − 1)``: rows of ``Tk − 1`` read at that stride, plus a last column that is
-    causal only in the last row. The backward pass (a custom VJP, the exact transpose) reads the
+    ``Tq − 1 + i·(Tk − 1)``: rows of ``Tk − 1`` read at that stride, and a last column that is
+    causal only in the last row, where it is ``x[..., Tq − 1, Tk − 1]``. The backward pass (a custom VJP, the exact transpose) reads the
     cotangent at row stride ``Tk + 1``: a pad and a reshape. Both divide only by ``Tk`` (a shift for
     the usual power-of-two windows), and the forward pass needs no index table.
     """
@@ -75,8 +75,8 @@ def _rel_shift(x: jax.Array) -> jax.Array:
     flat = x.reshape(*lead, q_len * k_len)
     start = q_len - 1
     body = flat[..., start : start + q_len * (k_len - 1)].reshape(*lead, q_len, k_len - 1)
-    last = _pad_last_two(x[..., q_len - 1 :, k_len - 1 :], (q_len - 1, 0), (0, 0))
-    shifted = jnp.concatenate([body, last], axis=-1)
+    last_column = np.arange(k_len) == k_len - 1  # causal only in the last row: x[Tq − 1, Tk − 1]
+    shifted = jnp.where(last_column, x[..., k_len - 1 :], _pad_last_two(body, (0, 0), (0, 1)))
     return jnp.where(_causal(q_len, k_len), shifted, jnp.zeros((), x.dtype))
 
 
