@@ -53,9 +53,10 @@ def rel_shift(x: jax.Array) -> jax.Array:
     turns those reshapes into per-element divisions by ``Tk + 1`` wherever it fuses them into a
     neighbouring loop. Here row i of the result is the run of the flattened block that starts at
     ``Tq − 1 + i·(Tk − 1)``: rows of ``Tk − 1`` read at that stride, and a last column that is
-    causal only in the last row, where it is ``x[..., Tq − 1, Tk − 1]``. The backward pass (a custom VJP, the exact transpose) reads the
-    cotangent at row stride ``Tk + 1``: a pad and a reshape. Both divide only by ``Tk`` (a shift for
-    the usual power-of-two windows), and the forward pass needs no index table.
+    causal only in the last row, where it is ``x[..., Tq − 1, Tk − 1]``. The backward pass (a
+    custom VJP, the exact transpose) reads the cotangent at row stride ``Tk + 1``: a pad and a
+    reshape. Both divide only by ``Tk`` (a shift for the usual power-of-two windows), and neither
+    needs an index table.
     """
     _checks.ndim("rel_shift", "x", x, tuple(range(2, 9)), "[..., Tq, Tk]")
     return _rel_shift(x)
