@@ -66,8 +66,8 @@ def _causal(q_len: int, k_len: int) -> np.ndarray:
     return np.arange(k_len) <= np.arange(q_len)[:, None] + (k_len - q_len)
 
 
-def _pad_last_two(x: jax.Array, rows: tuple[int, int], cols: tuple[int, int]) -> jax.Array:
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [rows, cols])
+def _pad_last(x: jax.Array, before: int, after: int) -> jax.Array:
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(before, after)])
 
 
 @jax.custom_vjp
@@ -77,7 +77,7 @@ def _rel_shift(x: jax.Array) -> jax.Array:
     start = q_len - 1
     body = flat[..., start : start + q_len * (k_len - 1)].reshape(*lead, q_len, k_len - 1)
     last_column = np.arange(k_len) == k_len - 1  # causal only in the last row: x[Tq − 1, Tk − 1]
-    shifted = jnp.where(last_column, x[..., k_len - 1 :], _pad_last_two(body, (0, 0), (0, 1)))
+    shifted = jnp.where(last_column, x[..., k_len - 1 :], _pad_last(body, 0, 1))
     return jnp.where(_causal(q_len, k_len), shifted, jnp.zeros((), x.dtype))
 
 
@@ -89,8 +89,8 @@ def _rel_shift_backward(_, cotangent: jax.Array):
     """``x[i, c]`` went to ``y[i, c − (Tq − 1 − i)]`` (flat position ``i·(Tk + 1) + c − (Tq − 1)``)
     when that column is ≥ 0; every such entry is causal."""
     *lead, q_len, k_len = cotangent.shape
-    flat = cotangent.reshape(*lead, 1, q_len * k_len)
-    padded = _pad_last_two(flat, (0, 0), (q_len - 1, 1))
+    flat = cotangent.reshape(*lead, q_len * k_len)
+    padded = _pad_last(flat, q_len - 1, 1)
     grad = padded.reshape(*lead, q_len, k_len + 1)[..., :k_len]
     landed = np.arange(k_len) >= (q_len - 1 - np.arange(q_len))[:, None]
     return (jnp.where(landed, grad, jnp.zeros((), cotangent.dtype)),)
