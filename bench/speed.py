@@ -2,9 +2,12 @@
 
     .venv/bin/python bench/speed.py [--repeats 5] [--warmup 2] [--rounds 3]
         [--schemes txl,t5,rope,alibi,sinusoid] [--dtypes float32,bfloat16] [--tasks train,eval]
-        [--size small|base]
+        [--size small|base] [--official-txl DIR]
 
 Needs the ``bench`` extra (``pip install -e .[bench]``: CPU PyTorch and x-transformers).
+``--official-txl DIR`` adds the official Transformer-XL code as a second peer of ``txl``: ``DIR``
+is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``official_txl.py``), the
+same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
 tokens/s (forward with memory, no gradient) of relpos_jax and of its x-transformers counterpart —
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import official_txl
 from measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
 
 PEERS = {
@@ -164,6 +168,24 @@ def peer(task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: i
     return batch * seg / median_seconds(call, repeats, warmup)
 
 
+def official(
+    task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int, directory: str
+) -> float:
+    """Tokens/s of the official Transformer-XL code (``official_txl``) for ``task``."""
+    dropout = 0.1 if task == "train" else 0.0
+    lm = official_txl.model(directory, size, VOCAB, dropout)
+    call = official_txl.stepper(lm, task, dtype, size, VOCAB)
+    return size["batch"] * size["seg"] / median_seconds(call, repeats, warmup)
+
+
+def peers_of(scheme: str, official_dir: str | None) -> list[tuple[str, str]]:
+    """``(library, row label)`` of each peer that has a counterpart of ``scheme``."""
+    peers = [("x-transformers", f"x-transformers {PEERS[scheme]}")] if scheme in PEERS else []
+    if scheme == "txl" and official_dir:
+        peers.append(("official", "official Transformer-XL"))
+    return peers
+
+
 def side_by_side(args) -> None:
     size = SIZES[args.size]
     print(
@@ -172,7 +194,7 @@ def side_by_side(args) -> None:
         f"tokens/s, median of {args.repeats} after {args.warmup} in each process; {args.rounds} "
         "rounds of (ours, peer) processes, medians over the rounds\n"
     )
-    print("| task | dtype | scheme | relpos_jax tok/s | peak MiB | x-transformers | tok/s | "
+    print("| task | dtype | scheme | relpos_jax tok/s | peak MiB | peer | tok/s | "
           "peak MiB | ours / peer (each round) |")  # fmt: skip
     print("|---|---|---|---:|---:|---|---:|---:|---:|")
     for task in args.tasks.split(","):
@@ -180,21 +202,28 @@ def side_by_side(args) -> None:
             for scheme in args.schemes.split(","):
                 spec = dict(
                     task=task, scheme=scheme, dtype=dtype, size=args.size,
-                    repeats=args.repeats, warmup=args.warmup,
+                    repeats=args.repeats, warmup=args.warmup, official_txl=args.official_txl,
                 )  # fmt: skip
-                mine, theirs = [], []
-                for _ in range(args.rounds):  # alternating, so both see the same machine
+                peers = peers_of(scheme, args.official_txl)
+                mine, theirs = [], {library: [] for library, _ in peers}
+                for _ in range(args.rounds):  # alternating, so all see the same machine
                     mine.append(isolated(__file__, {**spec, "library": "relpos_jax"}))
-                    if scheme in PEERS:
-                        theirs.append(isolated(__file__, {**spec, "library": "x-transformers"}))
-                print(row(task, dtype, scheme, mine, theirs), flush=True)
+                    for library, results in theirs.items():
+                        results.append(isolated(__file__, {**spec, "library": library}))
+                for library, label in peers or [(None, None)]:
+                    versus = (label, theirs[library]) if library else None
+                    print(row(task, dtype, scheme, mine, versus), flush=True)
 
 
-def row(task: str, dtype: str, scheme: str, mine: list[dict], theirs: list[dict]) -> str:
-    """One table row: medians over the rounds, and the ratio of each round (ours / peer)."""
+def row(
+    task: str, dtype: str, scheme: str, mine: list[dict], versus: tuple[str, list[dict]] | None
+) -> str:
+    """One table row: medians over the rounds, and the ratio of each round (ours / peer);
+    ``versus`` is the peer's label and its results, round by round."""
     ours_cells = f"{cell(merged(mine), 'tokens_per_sec')} | {cell(merged(mine), 'peak_mib')}"
-    if not theirs:
+    if versus is None:
         return f"| {task} | {dtype} | {scheme} | {ours_cells} | — | | | |"
+    name, theirs = versus
     peer = merged(theirs)
     ratios = [
         a["tokens_per_sec"] / b["tokens_per_sec"]
@@ -207,7 +236,7 @@ def row(task: str, dtype: str, scheme: str, mine: list[dict], theirs: list[dict]
         else ""
     )
     return (
-        f"| {task} | {dtype} | {scheme} | {ours_cells} | {PEERS[scheme]} | "
+        f"| {task} | {dtype} | {scheme} | {ours_cells} | {name} | "
         f"{cell(peer, 'tokens_per_sec')} | {cell(peer, 'peak_mib')} | {ratio} |"
     )
 
@@ -221,11 +250,14 @@ def merged(results: list[dict]) -> dict:
 
 
 def worker(spec: dict) -> dict:
-    run = ours if spec["library"] == "relpos_jax" else peer
     size = SIZES[spec["size"]]
-    tokens_per_sec = run(
-        spec["task"], spec["scheme"], spec["dtype"], size, spec["repeats"], spec["warmup"]
-    )
+    args = (spec["task"], spec["scheme"], spec["dtype"], size, spec["repeats"], spec["warmup"])
+    if spec["library"] == "relpos_jax":
+        tokens_per_sec = ours(*args)
+    elif spec["library"] == "official":
+        tokens_per_sec = official(*args, directory=spec["official_txl"])
+    else:
+        tokens_per_sec = peer(*args)
     return {"tokens_per_sec": tokens_per_sec}
 
 
@@ -238,9 +270,17 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--tasks", default="train,eval")
     parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
+    parser.add_argument(
+        "--official-txl",
+        metavar="DIR",
+        help="the pytorch/ directory of a kimiyoung/transformer-xl checkout: a second txl peer",
+    )
     args = parse_or_serve(parser, worker)
-    if args is not None:
-        side_by_side(args)
+    if args is None:
+        return
+    if args.official_txl and (problem := official_txl.missing(args.official_txl)):
+        parser.error(problem)
+    side_by_side(args)
 
 
 if __name__ == "__main__":
