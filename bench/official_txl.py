@@ -15,6 +15,7 @@ allowances let 2019's code run on today's CPU PyTorch, both outside its files:
 from __future__ import annotations
 
 import contextlib
+import functools
 import pathlib
 import sys
 
@@ -31,6 +32,7 @@ def missing(directory: str) -> str | None:
     )
 
 
+@functools.cache  # once per checkout: the allowances and sys.path are process-wide
 def load(directory: str):
     """The ``mem_transformer`` module of the checkout at ``directory`` (its ``pytorch`` folder)."""
     import torch

@@ -42,6 +42,11 @@ PEERS = {
 }
 
 
+def dropout_for(task: str) -> float:
+    """The dropout rate every library runs ``task`` with: 0.1 in training, none in evaluation."""
+    return 0.1 if task == "train" else 0.0
+
+
 def ours(
     task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int, **model_overrides
 ) -> float:
@@ -58,7 +63,7 @@ def ours(
     from flax import nnx
 
     mesh = sharding.make_mesh(MeshConfig())
-    dropout = 0.1 if task == "train" else 0.0
+    dropout = dropout_for(task)
     model = our_model(scheme, size, dropout=dropout, dtype=dtype, **model_overrides)
     batch, seg = size["batch"], size["seg"]
     data = jax.random.randint(jax.random.key(0), (batch, seg + 1), 0, VOCAB)
@@ -123,7 +128,7 @@ def peer(task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: i
 
     torch.manual_seed(0)
     option = PEERS[scheme]
-    dropout = 0.1 if task == "train" else 0.0
+    dropout = dropout_for(task)
     layers = Decoder(
         dim=size["d_model"], depth=size["layers"], heads=size["heads"],
         attn_dim_head=size["d_model"] // size["heads"], ff_mult=size["d_ff"] // size["d_model"],
@@ -172,7 +177,7 @@ def official(
     task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: int, directory: str
 ) -> float:
     """Tokens/s of the official Transformer-XL code (``official_txl``) for ``task``."""
-    dropout = 0.1 if task == "train" else 0.0
+    dropout = dropout_for(task)
     lm = official_txl.model(directory, size, VOCAB, dropout)
     call = official_txl.stepper(lm, task, dtype, size, VOCAB)
     return size["batch"] * size["seg"] / median_seconds(call, repeats, warmup)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -94,7 +93,7 @@ def test_official_txl_steps_carry_memory_and_train(tmp_path, dtype):
     directory = stand_in_checkout(tmp_path)
     script = DRIVER.format(bench=str(ROOT / "bench"), directory=str(directory), dtype=dtype)
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
