@@ -56,14 +56,14 @@ def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _kv_layout(position: str) -> str:
-    """The axis order of keys and values: ``bnhk`` (each head's keys as columns) where only the
-    products read them, ``bknh`` (the window's order) where RoPE rotates or DeBERTa gathers them.
+    """The axis order of keys and values: ``bnhk`` (each head's keys as columns) where the products
+    and RoPE's rotation read them, ``bknh`` (the window's order) where DeBERTa gathers them by row.
 
     On a CPU the content logits ``q·kᵀ`` read ``[B, N, H, K]`` keys in place, and the key and value
     gradients, which the products emit as ``[B, N, H, K]``, reach the key/value projection's
     backward products without a transposition of single elements (bf16 Transformer-XL training
-    step −3%). RoPE rotates pairs along H and DeBERTa reads keys by row, so they keep ``bknh``."""
-    return "bknh" if position in ("rope", "deberta") else "bnhk"
+    step −3%; RoPE, whose keys are rotated along rows by ``rotate_columns``, −8%)."""
+    return "bknh" if position == "deberta" else "bnhk"
 
 
 def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
@@ -123,7 +123,7 @@ class Attention(nnx.Module):
         k, v = jnp.unstack(kv)
         if self.position == "rope":
             q = P.rotate(q, *ctx.rope_q, interleaved=self.rope_interleaved)
-            k = P.rotate(k, *ctx.rope_k, interleaved=self.rope_interleaved)
+            k = P.rotate_columns(k, *ctx.rope_k, interleaved=self.rope_interleaved)
         return q, k, v
 
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:

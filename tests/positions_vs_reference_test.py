@@ -191,6 +191,22 @@ def test_alibi_bias(x64, q_len, mem_len, heads):
 
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize(("head_dim", "rotary_pairs"), [(8, 4), (10, 5), (8, 2)])
+def test_rotate_columns_is_apply_rope_on_keys_laid_out_by_column(
+    x64, rng, interleaved, head_dim, rotary_pairs
+):
+    """Keys ``[B, N, H, K]`` (the model's layout) rotated along their rows are the reference's
+    rotation of ``[B, K, N, H]``, laid out the same way; partial rotary dims included."""
+    x = rng.normal(size=(2, 5, 3, head_dim))  # [B, K, N, H]
+    positions = np.array([0, 1, 7, 30, 1000])
+    inv_freq = 1.0 / 10000.0 ** (np.arange(rotary_pairs) * 2 / (2 * rotary_pairs))
+    want = ref.apply_rope(x, positions, inv_freq, 1.3, interleaved).transpose(0, 2, 3, 1)
+    cos, sin = P.rope_cos_sin(jnp.asarray(positions), jnp.asarray(inv_freq), 1.3, jnp.float64)
+    got = P.rotate_columns(jnp.asarray(x.transpose(0, 2, 3, 1)), cos, sin, interleaved=interleaved)
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize(("head_dim", "rotary_pairs"), [(8, 4), (10, 5), (8, 2)])
 @pytest.mark.parametrize("attention_factor", [1.0, 1.3])
 def test_apply_rope(x64, rng, interleaved, head_dim, rotary_pairs, attention_factor):
     x = rng.normal(size=(2, 5, 3, head_dim))

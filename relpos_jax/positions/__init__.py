@@ -19,6 +19,7 @@ from relpos_jax.positions.rope import (
     rope_cos_sin,
     rope_inv_freq,
     rotate,
+    rotate_columns,
 )
 from relpos_jax.positions.shaw import (
     shaw_index,
@@ -54,6 +55,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
     "rotate",
+    "rotate_columns",
     "shaw_index",
     "shaw_key_logits",
     "shaw_rel_index",

@@ -298,21 +298,49 @@ def rope_cos_sin(
 
 def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False) -> jax.Array:
     """``apply_rope`` from precomputed ``rope_cos_sin``: ``x [..., T, N, H]``, ``cos, sin [..., T, R/2]``."""
+    _check_fits(cos, x.shape[-1])
+    cos, sin = cos[..., None, :], sin[..., None, :]  # [..., T, 1, R/2]
+    return _rotate_along(x, cos, sin, -1, interleaved)
+
+
+def rotate_columns(
+    x: jax.Array, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False
+) -> jax.Array:
+    """``rotate`` for ``x [..., N, H, T]``, each position a column (keys laid out ``[B, N, H, K]``,
+    as the content product reads them), with the same ``cos, sin [..., T, R/2]``: the pairs are
+    rows of ``x``, so the rotation runs along whole rows and no transposition is needed."""
+    _check_fits(cos, x.shape[-2])
+    cos, sin = jnp.swapaxes(cos, -1, -2), jnp.swapaxes(sin, -1, -2)  # [..., R/2, T]
+    cos, sin = cos[..., None, :, :], sin[..., None, :, :]  # [..., 1, R/2, T]
+    return _rotate_along(x, cos, sin, -2, interleaved)
+
+
+def _check_fits(cos: jax.Array, head_dim: int) -> None:
     half = cos.shape[-1]
-    if 2 * half > x.shape[-1]:
+    if 2 * half > head_dim:
         _checks.fail(
             "apply_rope",
             "inv_freq.shape",
             (half,),
-            f"at most head_dim/2 = {x.shape[-1] // 2} frequencies fit this x",
+            f"at most head_dim/2 = {head_dim // 2} frequencies fit this x",
         )
+
+
+def _rotate_along(x, cos, sin, axis: int, interleaved: bool) -> jax.Array:
+    """The rotation of the first ``2·R/2`` entries of ``x``'s head axis ``axis`` (−1 or −2), by
+    ``cos, sin`` already shaped to broadcast against its halves."""
+    half = cos.shape[axis]
     compute = jnp.promote_types(x.dtype, cos.dtype)
-    cos, sin = cos[..., None, :], sin[..., None, :]  # [..., T, 1, R/2]
-    rot, rest = x[..., : 2 * half].astype(compute), x[..., 2 * half :]
+
+    def along(array, part):  # array[..., part] or array[..., part, :]
+        return array[(..., part) if axis == -1 else (..., part, slice(None))]
+
+    rot, rest = along(x, slice(0, 2 * half)).astype(compute), along(x, slice(2 * half, None))
     if interleaved:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        rotated = jnp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(rot.shape)
+        a, b = along(rot, slice(0, None, 2)), along(rot, slice(1, None, 2))
+        rotated = jnp.stack([a * cos - b * sin, b * cos + a * sin], axis=axis)
+        rotated = rotated.reshape(rot.shape)
     else:
-        a, b = rot[..., :half], rot[..., half:]
-        rotated = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+        a, b = along(rot, slice(0, half)), along(rot, slice(half, None))
+        rotated = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=axis)
+    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=axis)
