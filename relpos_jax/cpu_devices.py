@@ -4,9 +4,9 @@ XLA:CPU runs much of a step on one thread: every batched matrix product (attenti
 per batch row and head, measured at 1.0 cores busy), and the copies and elementwise fusions between
 products; only large plain products use its intra-op threads. With as many CPU devices as cores, the
 mesh's ``data`` axis (``mesh.data = -1``, the default) spans them and each core runs its rows of the
-batch, the gradients summed across them as on any data-parallel mesh: on this project's 2-core
-machine a txl_small bfloat16 training step takes 10–25% less time, evaluation 20–30% less
-(docs/benchmarks.md).
+batch, the gradients summed across them as on any data-parallel mesh: on 2 cores a txl_small bfloat16
+training step takes 10–25% less time and evaluation 20–30% less on Sapphire Rapids, ~6% and ~8%
+less on Zen 4 (docs/benchmarks.md).
 
 ``one_device_per_core(batch_sizes, mesh)`` is called by ``train.py``, ``eval.py`` and the benchmarks
 before JAX starts. It picks the largest device count, at most the cores this process may run on, for
