@@ -2,8 +2,9 @@
 
 With ``model.dtype = "bfloat16"`` every matrix product takes bfloat16 operands and accumulates in
 float32 (``preferred_element_type``), which is what the hardware's bf16 units do fast: tensor cores
-on GPU, the MXU on TPU and AMX on recent x86 CPUs (a bf16 × bf16 → f32 product runs ~5× faster than
-float32 on this project's Sapphire Rapids CPU, while a plain bf16 × bf16 → bf16 product does not).
+on GPU, the MXU on TPU, AMX or AVX512_BF16 on recent x86 CPUs (a bf16 × bf16 → f32 product runs ~5×
+faster than float32 on a Sapphire Rapids core, ~2× on a Zen 4 core, while a plain bf16 × bf16 → bf16
+product does not).
 JAX's own transpose rule would do the backward products in float32, since the cotangent of a
 float32-accumulated product is float32, so ``einsum`` has a custom VJP that casts the cotangent to
 the compute dtype and does both backward products the same way. Float32 products take the same path
@@ -114,7 +115,7 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """``einsum(spec, a, b)`` accumulated in float32, as one ``dot_general`` of operands whose batch,
     contracted and free axes are each merged into one axis.
 
-    XLA:CPU runs a bf16 × bf16 → f32 product on its fast kernels (AMX here) only if, once XLA has
+    XLA:CPU runs a bf16 × bf16 → f32 product on its fast kernels (AMX or AVX512_BF16) only if, once XLA has
     folded transpositions into it, the left operand is ``[batch, rows, contracted]`` and neither
     operand is column-major; otherwise it converts both operands to float32 (about 6× slower) or,
     for some forms, fails (``Unsupported element type for DotThunk``). So the left operand is copied
