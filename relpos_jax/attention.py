@@ -62,7 +62,7 @@ def _kv_layout(position: str) -> str:
     On a CPU the content logits ``q·kᵀ`` read ``[B, N, H, K]`` keys in place, and the key and value
     gradients, which the products emit as ``[B, N, H, K]``, reach the key/value projection's
     backward products without a transposition of single elements (bf16 Transformer-XL training
-    step −3%; RoPE, whose keys are rotated along rows by ``rotate_columns``, −8%)."""
+    step −3%; RoPE, whose keys are rotated along rows by ``rotate_columns``, −8 to −13%)."""
     return "bknh" if position == "deberta" else "bnhk"
 
 
