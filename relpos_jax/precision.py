@@ -115,14 +115,14 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """``einsum(spec, a, b)`` accumulated in float32, as one ``dot_general`` of operands whose batch,
     contracted and free axes are each merged into one axis.
 
-    XLA:CPU runs a bf16 × bf16 → f32 product on its fast kernels (AMX or AVX512_BF16) only if, once XLA has
-    folded transpositions into it, the left operand is ``[batch, rows, contracted]`` and neither
-    operand is column-major; otherwise it converts both operands to float32 (about 6× slower) or,
-    for some forms, fails (``Unsupported element type for DotThunk``). So the left operand is copied
-    to ``[batch, rows, contracted]`` when it is not already, and the copy is reshaped with its groups
-    of axes merged, which XLA cannot fold back into the product. The right operand is read in place
-    (``[batch, contracted, columns]`` and ``[batch, columns, contracted]`` are equally fast) when
-    each of its groups of axes is contiguous, and copied if not, to whichever of the two keeps its
+    XLA:CPU runs a bf16 × bf16 → f32 product on its fast kernels (AMX or AVX512_BF16) only if,
+    once XLA has folded transpositions into it, the left operand is ``[batch, rows, contracted]``
+    and neither operand is column-major; otherwise it converts both operands to float32 (about 6×
+    slower) or, for some forms, fails (``Unsupported element type for DotThunk``). So the left
+    operand is copied to ``[batch, rows, contracted]`` when it is not already, and the copy is
+    reshaped with its groups of axes merged, which XLA cannot fold back into the product. The right
+    operand is read in place (``[batch, contracted, columns]`` and ``[batch, columns, contracted]``
+    are equally fast) when each of its groups of axes is contiguous, and copied if not, to whichever of the two keeps its
     last axis last (a copy of whole rows, not single elements).
 
     Either operand may go on the left (the product then comes out with its free axes swapped): the

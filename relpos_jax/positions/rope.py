@@ -327,8 +327,8 @@ def _check_fits(cos: jax.Array, head_dim: int) -> None:
 
 
 def _rotate_along(x, cos, sin, axis: int, interleaved: bool) -> jax.Array:
-    """The rotation of the first ``2·R/2`` entries of ``x``'s head axis ``axis`` (−1 or −2), by
-    ``cos, sin`` already shaped to broadcast against its halves."""
+    """The rotation of the first R entries (R/2 pairs) along ``x``'s head axis ``axis`` (−1 or −2),
+    by ``cos, sin`` already shaped to broadcast against the pairs' halves."""
     half = cos.shape[axis]
     compute = jnp.promote_types(x.dtype, cos.dtype)
 
