@@ -122,8 +122,8 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     operand is copied to ``[batch, rows, contracted]`` when it is not already, and the copy is
     reshaped with its groups of axes merged, which XLA cannot fold back into the product. The right
     operand is read in place (``[batch, contracted, columns]`` and ``[batch, columns, contracted]``
-    are equally fast) when each of its groups of axes is contiguous, and copied if not, to whichever of the two keeps its
-    last axis last (a copy of whole rows, not single elements).
+    are equally fast) when each of its groups of axes is contiguous, and copied if not, to whichever
+    of the two keeps its last axis last (a copy of whole rows, not single elements).
 
     Either operand may go on the left (the product then comes out with its free axes swapped): the
     order whose copies cost less is taken, a copy that moves the last axis counting 4× its bytes.
