@@ -10,7 +10,9 @@ is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``offici
 same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
-tokens/s (forward with memory, no gradient) of relpos_jax and of its x-transformers counterpart —
+tokens/s (forward with memory, no gradient; relpos_jax keeps its memory as projected keys and values,
+as ``evaluate`` does, while the peers project their memory of hidden states again for every
+segment) of relpos_jax and of its x-transformers counterpart —
 Transformer-XL (ours) and T5 (ours) against x-transformers' T5 relative bias, rope against rotary,
 alibi against ALiBi, sinusoid against absolute — at txl_small's sizes (6 layers, d_model 256, 4×64
 heads, d_ff 1024, segment 128, memory 128, batch 16, dropout 0.1 in training). Each measurement runs
@@ -69,8 +71,10 @@ def ours(
     data = jax.random.randint(jax.random.key(0), (batch, seg + 1), 0, VOCAB)
     rows = sharding.batch_sharding(mesh)
     inputs, targets = jax.device_put((data[:, :-1], data[:, 1:]), rows)
-    mems_sharding = sharding.memory_sharding(mesh)
-    carry = {"mems": jax.device_put(model.init_mems(batch), mems_sharding)}
+    keys_values = task == "eval"  # evaluation keeps keys and values, as ``evaluate`` does
+    mems_sharding = sharding.memory_sharding(mesh, keys_values=keys_values)
+    mems = model.init_mems(batch, keys_values=keys_values)
+    carry = {"mems": jax.device_put(mems, mems_sharding)}
     if task == "eval":
         graphdef, state = nnx.split(model)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))

@@ -95,8 +95,27 @@ class Attention(nnx.Module):
         self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext, *, deterministic: bool
     ) -> jax.Array:
         """Queries from ``x`` (the segment), keys and values from ``window`` (memory + segment)."""
-        dtype = x_BTD.dtype
         q, k, v = self._project(x_BTD, window_BKD, ctx)
+        return self._attend(q, k, v, ctx, deterministic)
+
+    def with_cached_keys_values(
+        self, x_BTD: jax.Array, memory_kv: jax.Array, ctx: PositionContext, *, deterministic: bool
+    ) -> tuple[jax.Array, jax.Array]:
+        """Attention whose memory slots come already projected, ``memory_kv [2, B, N, H, M]``:
+        only the segment's T rows are projected. Returns the output and the window's keys and
+        values ``[2, B, N, H, M + T]`` (before RoPE's rotation), from which the next memory is cut."""
+        dtype = x_BTD.dtype
+        segment_kv = precision.einsum("btd,dsnh->sbnht", x_BTD, self.w_kv[...].astype(dtype))
+        window_kv = jnp.concatenate([memory_kv.astype(dtype), segment_kv], axis=-1)
+        if self.kv_layout == "bknh":
+            k, v = jnp.unstack(window_kv.transpose(0, 1, 4, 2, 3))
+        else:
+            k, v = jnp.unstack(window_kv)
+        q, k = self._rotate(self._queries(x_BTD), k, ctx)
+        return self._attend(q, k, v, ctx, deterministic), window_kv
+
+    def _attend(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
+        dtype = q.dtype
         weights = self._softmax(q, k, ctx)
         weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
 
@@ -116,15 +135,20 @@ class Attention(nnx.Module):
 
     def _project(self, x_BTD, window_BKD, ctx: PositionContext):
         """q ``[B, T, N, H]``; k and v laid out as ``self.kv_layout``."""
-        dtype = x_BTD.dtype
-        q = precision.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(dtype))
-        w_kv = self.w_kv[...].astype(dtype)
+        w_kv = self.w_kv[...].astype(x_BTD.dtype)
         kv = precision.einsum(f"bkd,dsnh->s{self.kv_layout}", window_BKD, w_kv)
         k, v = jnp.unstack(kv)
+        q, k = self._rotate(self._queries(x_BTD), k, ctx)
+        return q, k, v
+
+    def _queries(self, x_BTD) -> jax.Array:
+        return precision.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(x_BTD.dtype))
+
+    def _rotate(self, q, k, ctx: PositionContext):
         if self.position == "rope":
             q = P.rotate(q, *ctx.rope_q, interleaved=self.rope_interleaved)
             k = P.rotate_columns(k, *ctx.rope_k, interleaved=self.rope_interleaved)
-        return q, k, v
+        return q, k
 
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
         logits = self._content_and_position_logits(q, k, ctx)

@@ -100,7 +100,7 @@ def _score(
     total_loss, total_count, mems = 0.0, 0.0, None
     for batch in batches:
         if mems is None or not carry_memory:
-            mems = model.init_mems(batch["inputs"].shape[0], mem_len)
+            mems = model.init_mems(batch["inputs"].shape[0], mem_len, keys_values=True)
         if mesh is not None:
             batch, mems = _placed(batch, mems, mesh)
         loss, count, mems = _eval_step(graphdef, state, batch, mems)
@@ -124,7 +124,7 @@ def _placed(batch: dict, mems, mesh: jax.sharding.Mesh):
         return jax.device_put(batch, everywhere), jax.device_put(mems, everywhere)
     return (
         jax.device_put(batch, sharding.batch_sharding(mesh)),
-        jax.device_put(mems, sharding.memory_sharding(mesh)),
+        jax.device_put(mems, sharding.memory_sharding(mesh, keys_values=True)),
     )
 
 

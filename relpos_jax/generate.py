@@ -31,7 +31,7 @@ def sample_logits(
 @functools.partial(jax.jit, static_argnames=("graphdef", "n", "mem_len", "temperature", "top_k"))
 def _generate(graphdef, state, prompt, rng, *, n, mem_len, temperature, top_k):
     model = nnx.merge(graphdef, state)
-    mems = model.init_mems(prompt.shape[0], mem_len)
+    mems = model.init_mems(prompt.shape[0], mem_len, keys_values=True)
     logits, mems = model(prompt, mems)
     rngs = jax.random.split(rng, n)
     first = sample_logits(logits[:, -1], rngs[0], temperature, top_k)

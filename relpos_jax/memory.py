@@ -7,8 +7,15 @@ right-aligned: the newest state is last. The update keeps the last M of concat(m
 — in that order; the official code swaps the two in ``_update_mems``, which only shows with
 ``ext_len > 0`` — under ``stop_gradient``: gradients never cross a segment boundary.
 
+``KeyValueMemory`` is the same memory after each layer's key/value projection: ``[L, 2, B, N, H, M]``
+(keys, then values; before RoPE's rotation). A memory slot's keys and values are those its hidden
+state had when it was the segment, so where the weights do not change between segments
+(evaluation, generation) the layer projects only the T new rows instead of all M + T; with
+gradients it would differ from Transformer-XL, whose memory is projected by the current weights.
+
 ``run_segments`` scans a model over a long stream with the memory as the ``jax.lax.scan`` carry.
-Legend: L layers, B batch, M memory slots, T segment length, S segments, D model dim, V vocab.
+Legend: L layers, B batch, M memory slots, T segment length, S segments, D model dim, N heads, H head
+dim, V vocab.
 """
 
 from __future__ import annotations
@@ -24,6 +31,23 @@ class Memory(NamedTuple):
     states: jax.Array  # [L, B, M, D]
     valid: jax.Array  # int32 scalar: how many of the M slots hold real states
 
+    @property
+    def length(self) -> int:
+        """M, the number of slots."""
+        return self.states.shape[2]
+
+
+class KeyValueMemory(NamedTuple):
+    keys_values: jax.Array  # [L, 2, B, N, H, M]: each layer's keys and values of the M slots
+    valid: jax.Array  # int32 scalar: how many of the M slots hold real states
+
+    @property
+    def length(self) -> int:
+        return self.keys_values.shape[-1]
+
+
+AnyMemory = Memory | KeyValueMemory
+
 
 def init_mems(
     n_layers: int, batch_size: int, mem_len: int, d_model: int, dtype=jnp.float32
@@ -32,6 +56,14 @@ def init_mems(
     return Memory(
         jnp.zeros((n_layers, batch_size, mem_len, d_model), dtype), jnp.zeros((), jnp.int32)
     )
+
+
+def init_key_value_mems(
+    n_layers: int, batch_size: int, mem_len: int, n_heads: int, head_dim: int, dtype=jnp.float32
+) -> KeyValueMemory:
+    """Empty key/value memory: M slots per layer, none of them valid yet."""
+    shape = (n_layers, 2, batch_size, n_heads, head_dim, mem_len)
+    return KeyValueMemory(jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
 
 
 def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
@@ -43,9 +75,18 @@ def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
     return Memory(states, jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32))
 
 
-def key_validity(mems: Memory, seg_len: int) -> jax.Array:
+def update_key_value_memory(mems: KeyValueMemory, windows: list[jax.Array]) -> KeyValueMemory:
+    """The last M of each layer's window ``[2, B, N, H, M + T]`` of keys and values; no gradient."""
+    mem_len = mems.length
+    seg_len = windows[0].shape[-1] - mem_len
+    kept = jnp.stack([w[..., seg_len:] for w in windows]).astype(mems.keys_values.dtype)
+    valid = jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32)
+    return KeyValueMemory(jax.lax.stop_gradient(kept), valid)
+
+
+def key_validity(mems: AnyMemory, seg_len: int) -> jax.Array:
     """``[M + T]`` bool: which keys of the window (memory slots, then the segment) hold states."""
-    mem_len = mems.states.shape[2]
+    mem_len = mems.length
     slot = jnp.arange(mem_len + seg_len)
     return slot >= mem_len - mems.valid
 
@@ -53,22 +94,22 @@ def key_validity(mems: Memory, seg_len: int) -> jax.Array:
 def run_segments(
     model: Any,
     tokens: jax.Array,
-    mems: Memory,
+    mems: AnyMemory,
     *,
     segment_len: int | None = None,
     deterministic: bool = True,
-) -> tuple[jax.Array, Memory]:
+) -> tuple[jax.Array, AnyMemory]:
     """``jax.lax.scan`` of ``model`` over ``tokens [B, S·T]`` in S segments -> (logits [B, S·T, V], mems).
 
     ``segment_len`` defaults to the memory length (Transformer-XL trains with segment = memory).
     Equals calling the model segment by segment in a Python loop, compiled once.
     """
     batch, total = tokens.shape
-    seg_len = segment_len or mems.states.shape[2]
+    seg_len = segment_len or mems.length
     if not seg_len or total % seg_len:
         raise ValueError(
             f"run_segments: segment_len={segment_len!r} is invalid for {total} tokens with "
-            f"mem_len {mems.states.shape[2]}; pass segment_len=T with T dividing the stream length"
+            f"mem_len {mems.length}; pass segment_len=T with T dividing the stream length"
         )
     segments = tokens.reshape(batch, total // seg_len, seg_len).swapaxes(0, 1)  # [S, B, T]
     graphdef, state = nnx.split(model)

@@ -73,6 +73,20 @@ class Block(nnx.Module):
     def __call__(self, x_BTD, mem_BMD, ctx: PositionContext, *, deterministic: bool) -> jax.Array:
         queries, window = self._attention_inputs(x_BTD, mem_BMD)
         attended = self.attention(queries, window, ctx, deterministic=deterministic)
+        return self._residual_and_feed_forward(x_BTD, attended, deterministic)
+
+    def with_cached_keys_values(
+        self, x_BTD, memory_kv, ctx: PositionContext, *, deterministic: bool
+    ) -> tuple[jax.Array, jax.Array]:
+        """The block over a memory of projected keys and values (``KeyValueMemory``): returns the
+        output and the window's keys and values ``[2, B, N, H, M + T]``."""
+        queries = self.norm_attention(x_BTD) if self.pre_norm else x_BTD  # norms act row by row
+        attended, window_kv = self.attention.with_cached_keys_values(
+            queries, memory_kv, ctx, deterministic=deterministic
+        )
+        return self._residual_and_feed_forward(x_BTD, attended, deterministic), window_kv
+
+    def _residual_and_feed_forward(self, x_BTD, attended, deterministic: bool) -> jax.Array:
         if self.pre_norm:
             x = x_BTD + self.drop(attended, deterministic=deterministic)
             return x + self.feed_forward(self.norm_feed_forward(x), deterministic=deterministic)
@@ -110,6 +124,20 @@ def _remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: 
     if not deterministic:  # dropout advanced its random counters
         nnx.update(block, state)
     return y
+
+
+def _check_memory(mems: memory_lib.AnyMemory, cfg: ModelConfig, batch: int) -> None:
+    if isinstance(mems, memory_lib.KeyValueMemory):
+        name, shape, keys_values = "keys_values", mems.keys_values.shape, ", keys_values=True"
+        fits = shape[:-1] == (cfg.n_layers, 2, batch, cfg.n_heads, cfg.head_dim)
+    else:
+        name, shape, keys_values = "states", mems.states.shape, ""
+        fits = shape[:2] == (cfg.n_layers, batch)
+    if not fits:
+        raise ValueError(
+            f"TransformerLM: mems.{name}.shape={shape} is invalid; use "
+            f"model.init_mems({batch}{keys_values}) for {cfg.n_layers} layers and batch {batch}"
+        )
 
 
 class TransformerLM(nnx.Module):
@@ -150,29 +178,34 @@ class TransformerLM(nnx.Module):
             )
 
     def init_mems(
-        self, batch_size: int, mem_len: int | None = None, dtype=None
-    ) -> memory_lib.Memory:
-        """Empty memory for a batch; ``mem_len`` defaults to the config's (evaluation may use more)."""
-        length = self.config.mem_len if mem_len is None else mem_len
+        self, batch_size: int, mem_len: int | None = None, dtype=None, *, keys_values: bool = False
+    ) -> memory_lib.AnyMemory:
+        """Empty memory for a batch; ``mem_len`` defaults to the config's (evaluation may use more).
+
+        ``keys_values=True`` gives a ``KeyValueMemory``, which keeps each layer's projected keys and
+        values instead of its hidden states: the same results where the weights do not change
+        between segments (evaluation, generation), without projecting the M slots again."""
+        cfg = self.config
+        length = cfg.mem_len if mem_len is None else mem_len
         if length < 0:
             raise ValueError(f"init_mems: mem_len={length} is invalid; use 0 (no memory) or more")
+        if keys_values:
+            return memory_lib.init_key_value_mems(
+                cfg.n_layers, batch_size, length, cfg.n_heads, cfg.head_dim, dtype or cfg.dtype
+            )
         return memory_lib.init_mems(
-            self.config.n_layers,
-            batch_size,
-            length,
-            self.config.d_model,
-            dtype or self.config.dtype,
+            cfg.n_layers, batch_size, length, cfg.d_model, dtype or cfg.dtype
         )
 
     def __call__(
         self,
         tokens: jax.Array,
-        mems: memory_lib.Memory | None = None,
+        mems: memory_lib.AnyMemory | None = None,
         *,
         deterministic: bool = True,
         position_offset: int | jax.Array = 0,
         attention_mask: jax.Array | None = None,
-    ) -> tuple[jax.Array, memory_lib.Memory]:
+    ) -> tuple[jax.Array, memory_lib.AnyMemory]:
         """One segment ``tokens [B, T]`` -> ``(logits [B, T, V], new_mems)``.
 
         ``position_offset`` shifts every query and key position (relative schemes are invariant to
@@ -194,31 +227,36 @@ class TransformerLM(nnx.Module):
     def forward_embeddings(
         self,
         x_BTD: jax.Array,
-        mems: memory_lib.Memory | None = None,
+        mems: memory_lib.AnyMemory | None = None,
         *,
         deterministic: bool = True,
         position_offset: int | jax.Array = 0,
         attention_mask: jax.Array | None = None,
-    ) -> tuple[jax.Array, memory_lib.Memory]:
+    ) -> tuple[jax.Array, memory_lib.AnyMemory]:
         """The model from (scaled) token embeddings on: what the causality tests differentiate."""
         cfg = self.config
         batch, seg_len, _ = x_BTD.shape
         if mems is None:
             mems = self.init_mems(batch)
-        if mems.states.shape[0] != cfg.n_layers or mems.states.shape[1] != batch:
-            raise ValueError(
-                f"TransformerLM: mems.states.shape={mems.states.shape} is invalid; "
-                f"use model.init_mems({batch}) for {cfg.n_layers} layers and batch {batch}"
-            )
+        _check_memory(mems, cfg, batch)
         ctx = self._position_context(mems, seg_len, position_offset, attention_mask, deterministic)
         x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)
-        layer_inputs = []
-        run = _remat_block if cfg.remat else _block
-        for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
-            layer_inputs.append(x)
-            x = run(block, x, mem_BMD, ctx, deterministic)
-        new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
+        if isinstance(mems, memory_lib.KeyValueMemory):
+            windows = []
+            for block, memory_kv in zip(self.blocks, mems.keys_values, strict=True):
+                x, window_kv = block.with_cached_keys_values(
+                    x, memory_kv, ctx, deterministic=deterministic
+                )
+                windows.append(window_kv)
+            new_mems = memory_lib.update_key_value_memory(mems, windows)
+        else:
+            layer_inputs = []
+            run = _remat_block if cfg.remat else _block
+            for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
+                layer_inputs.append(x)
+                x = run(block, x, mem_BMD, ctx, deterministic)
+            new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
         if cfg.pre_norm:
             x = self.final_norm(x)
         x = self.drop(x, deterministic=deterministic)
@@ -239,6 +277,11 @@ class TransformerLM(nnx.Module):
                 f"attention_probabilities: layer={layer} is invalid; use 0…{self.config.n_layers - 1}"
             )
         mems = self.init_mems(tokens.shape[0]) if mems is None else mems
+        if not isinstance(mems, memory_lib.Memory):
+            raise ValueError(
+                "attention_probabilities: mems is a KeyValueMemory; pass a memory of hidden states "
+                "(model.init_mems(batch) without keys_values)"
+            )
         ctx = self._position_context(mems, tokens.shape[1], 0, None, True)
         x = self.embed(tokens) * math.sqrt(self.config.d_model)
         x = self._add_absolute_positions(x, ctx.q_pos)
@@ -260,7 +303,7 @@ class TransformerLM(nnx.Module):
         self, mems, seg_len, offset, attention_mask, deterministic
     ) -> PositionContext:
         cfg = self.config
-        mem_len = mems.states.shape[2]
+        mem_len = mems.length
         k_len = mem_len + seg_len
         origin = mem_len - mems.valid  # the oldest valid key sits at position 0 (+ offset)
         k_pos = jnp.arange(k_len) - origin + offset

@@ -63,7 +63,7 @@ def probe_accuracy(
     docs = probes.documents(kind, distance, documents, seed)
     tokens, answer, doc_id = _rows(docs, batch_size, segment_len)
     graphdef, state = nnx.split(model)
-    mems = model.init_mems(tokens.shape[0], mem_len)
+    mems = model.init_mems(tokens.shape[0], mem_len, keys_values=True)
     correct = np.zeros((tokens.shape[0], tokens.shape[1] - 1), bool)
     for start in range(0, tokens.shape[1] - 1, segment_len):
         window = slice(start, start + segment_len)

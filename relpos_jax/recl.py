@@ -236,7 +236,7 @@ def context_token_losses(
     graphdef, state = nnx.split(eval_model)
     result = {}
     for context in contexts:
-        mems = eval_model.init_mems(rows, int(context))
+        mems = eval_model.init_mems(rows, int(context), keys_values=True)
         scored = []
         for start in range(0, width, seg):
             losses, mems = _token_loss_step(

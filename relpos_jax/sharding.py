@@ -129,9 +129,13 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH, None))
 
 
-def memory_sharding(mesh: jax.sharding.Mesh):
-    from relpos_jax.memory import Memory
+def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
+    """The memory's rows split like the batch: ``Memory [L, B, M, D]`` or ``KeyValueMemory``."""
+    from relpos_jax.memory import KeyValueMemory, Memory
 
+    if keys_values:  # [L, 2, B, N, H, M]
+        spec = P(None, None, BATCH, None, None, None)
+        return KeyValueMemory(NamedSharding(mesh, spec), NamedSharding(mesh, P()))
     return Memory(NamedSharding(mesh, P(None, BATCH, None, None)), NamedSharding(mesh, P()))
 
 
