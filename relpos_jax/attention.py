@@ -106,7 +106,7 @@ class Attention(nnx.Module):
         values ``[2, B, N, H, M + T]`` (before RoPE's rotation), from which the next memory is cut."""
         dtype = x_BTD.dtype
         segment_kv = precision.einsum("btd,dsnh->sbnht", x_BTD, self.w_kv[...].astype(dtype))
-        window_kv = jnp.concatenate([memory_kv.astype(dtype), segment_kv], axis=-1)
+        window_kv = precision.concatenate([memory_kv.astype(dtype), segment_kv], axis=-1)
         if self.kv_layout == "bknh":
             k, v = jnp.unstack(window_kv.transpose(0, 1, 4, 2, 3))
         else:

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from relpos_jax import precision
+
 
 class Memory(NamedTuple):
     states: jax.Array  # [L, B, M, D]
@@ -79,7 +81,8 @@ def update_key_value_memory(mems: KeyValueMemory, windows: list[jax.Array]) -> K
     """The last M of each layer's window ``[2, B, N, H, M + T]`` of keys and values; no gradient."""
     mem_len = mems.length
     seg_len = windows[0].shape[-1] - mem_len
-    kept = jnp.stack([w[..., seg_len:] for w in windows]).astype(mems.keys_values.dtype)
+    kept = precision.concatenate([w[None, ..., seg_len:] for w in windows], axis=0)
+    kept = kept.astype(mems.keys_values.dtype)
     valid = jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32)
     return KeyValueMemory(jax.lax.stop_gradient(kept), valid)
 
