@@ -81,13 +81,22 @@ def test_speed_benchmarks_run():
         "scaling": ["scaling.py", "--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
         "mfu": ["mfu.py", "--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"],
         "kernels": ["kernels.py", "--dtypes", "float32", "--repeats", "1"],
+        "key_value_memory": [
+            "key_value_memory.py",
+            "--settings",
+            "8:24",
+            "--generate",
+            "16",
+            "--rounds",
+            "1",
+        ],
     }
     for name, (script, *flags) in runs.items():
         size = [] if name == "kernels" else ["--size", "tiny"]  # its shapes are txl_small's
         command = [*bench, str(ROOT / "bench" / script), *size, *flags]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
-        ours = {"speed": 4, "mfu": 4, "kernels": 4}.get(name, 2)  # relpos_jax's column
+        ours = {"speed": 4, "mfu": 4, "kernels": 4, "key_value_memory": 5}.get(name, 2)
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout
 
 
