@@ -1,7 +1,8 @@
 """Sampling with the segment memory as the cache: one token per step, nothing recomputed.
 
 The prompt goes through the model as one segment; then each step feeds the last token with the
-memory of every layer, as Transformer-XL evaluates (its Table 9 speed-up). With a memory as long as
+memory of every layer, as Transformer-XL evaluates (its Table 9 speed-up); the memory is a
+``KeyValueMemory``, so a step projects only its own token's keys and values. With a memory as long as
 prompt + new tokens (the default) the result equals recomputing the full context at every step;
 a shorter ``mem_len`` gives the model's bounded context instead.
 """
