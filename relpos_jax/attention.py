@@ -99,20 +99,22 @@ class Attention(nnx.Module):
         return self._attend(q, k, v, ctx, deterministic)
 
     def with_cached_keys_values(
-        self, x_BTD: jax.Array, memory_kv: jax.Array, ctx: PositionContext, *, deterministic: bool
-    ) -> tuple[jax.Array, jax.Array]:
-        """Attention whose memory slots come already projected, ``memory_kv [2, B, N, H, M]``:
+        self, x_BTD: jax.Array, memory_k, memory_v, ctx: PositionContext, *, deterministic: bool
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Attention whose memory slots come already projected, keys and values ``[B, N, H, M]``:
         only the segment's T rows are projected. Returns the output and the window's keys and
-        values ``[2, B, N, H, M + T]`` (before RoPE's rotation), from which the next memory is cut."""
+        values ``[B, N, H, M + T]`` (keys before RoPE's rotation), from which the next memory is cut."""
         dtype = x_BTD.dtype
         segment_kv = precision.einsum("btd,dsnh->sbnht", x_BTD, self.w_kv[...].astype(dtype))
-        window_kv = precision.concatenate([memory_kv.astype(dtype), segment_kv], axis=-1)
+        window_k, window_v = (
+            precision.append_last(memory.astype(dtype), segment)
+            for memory, segment in zip((memory_k, memory_v), jnp.unstack(segment_kv), strict=True)
+        )
+        k, v = window_k, window_v
         if self.kv_layout == "bknh":
-            k, v = jnp.unstack(window_kv.transpose(0, 1, 4, 2, 3))
-        else:
-            k, v = jnp.unstack(window_kv)
+            k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
         q, k = self._rotate(self._queries(x_BTD), k, ctx)
-        return self._attend(q, k, v, ctx, deterministic), window_kv
+        return self._attend(q, k, v, ctx, deterministic), window_k, window_v
 
     def _attend(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
         dtype = q.dtype

@@ -7,8 +7,8 @@ right-aligned: the newest state is last. The update keeps the last M of concat(m
 — in that order; the official code swaps the two in ``_update_mems``, which only shows with
 ``ext_len > 0`` — under ``stop_gradient``: gradients never cross a segment boundary.
 
-``KeyValueMemory`` is the same memory after each layer's key/value projection: ``[L, 2, B, N, H, M]``
-(keys, then values; before RoPE's rotation). A memory slot's keys and values are those its hidden
+``KeyValueMemory`` is the same memory after each layer's key and value projections: ``keys`` and
+``values`` ``[L, B, N, H, M]`` (keys before RoPE's rotation). A memory slot's keys and values are those its hidden
 state had when it was the segment, so where the weights do not change between segments
 (evaluation, generation) the layer projects only the T new rows instead of all M + T; with
 gradients it would differ from Transformer-XL, whose memory is projected by the current weights.
@@ -40,12 +40,13 @@ class Memory(NamedTuple):
 
 
 class KeyValueMemory(NamedTuple):
-    keys_values: jax.Array  # [L, 2, B, N, H, M]: each layer's keys and values of the M slots
+    keys: jax.Array  # [L, B, N, H, M]: each layer's keys of the M slots (before RoPE's rotation)
+    values: jax.Array  # [L, B, N, H, M]
     valid: jax.Array  # int32 scalar: how many of the M slots hold real states
 
     @property
     def length(self) -> int:
-        return self.keys_values.shape[-1]
+        return self.keys.shape[-1]
 
 
 AnyMemory = Memory | KeyValueMemory
@@ -64,8 +65,10 @@ def init_key_value_mems(
     n_layers: int, batch_size: int, mem_len: int, n_heads: int, head_dim: int, dtype=jnp.float32
 ) -> KeyValueMemory:
     """Empty key/value memory: M slots per layer, none of them valid yet."""
-    shape = (n_layers, 2, batch_size, n_heads, head_dim, mem_len)
-    return KeyValueMemory(jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+    shape = (n_layers, batch_size, n_heads, head_dim, mem_len)
+    return KeyValueMemory(
+        jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32)
+    )
 
 
 def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
@@ -77,14 +80,18 @@ def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
     return Memory(states, jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32))
 
 
-def update_key_value_memory(mems: KeyValueMemory, windows: list[jax.Array]) -> KeyValueMemory:
-    """The last M of each layer's window ``[2, B, N, H, M + T]`` of keys and values; no gradient."""
-    mem_len = mems.length
-    seg_len = windows[0].shape[-1] - mem_len
-    kept = precision.concatenate([w[None, ..., seg_len:] for w in windows], axis=0)
-    kept = kept.astype(mems.keys_values.dtype)
-    valid = jnp.minimum(mems.valid + seg_len, mem_len).astype(jnp.int32)
-    return KeyValueMemory(jax.lax.stop_gradient(kept), valid)
+def update_key_value_memory(
+    mems: KeyValueMemory, window_keys: list[jax.Array], window_values: list[jax.Array]
+) -> KeyValueMemory:
+    """The last M of each layer's window ``[B, N, H, M + T]`` of keys and of values; no gradient."""
+    seg_len = window_keys[0].shape[-1] - mems.length
+
+    def kept(windows, like):  # one pass: XLA fuses the slice into the stacking
+        stacked = precision.concatenate([w[None] for w in windows], axis=0)
+        return jax.lax.stop_gradient(stacked[..., seg_len:].astype(like.dtype))
+
+    valid = jnp.minimum(mems.valid + seg_len, mems.length).astype(jnp.int32)
+    return KeyValueMemory(kept(window_keys, mems.keys), kept(window_values, mems.values), valid)
 
 
 def key_validity(mems: AnyMemory, seg_len: int) -> jax.Array:

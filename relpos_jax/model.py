@@ -78,15 +78,15 @@ class Block(nnx.Module):
         return self._residual_and_feed_forward(x_BTD, attended, deterministic)
 
     def with_cached_keys_values(
-        self, x_BTD, memory_kv, ctx: PositionContext, *, deterministic: bool
-    ) -> tuple[jax.Array, jax.Array]:
+        self, x_BTD, memory_k, memory_v, ctx: PositionContext, *, deterministic: bool
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The block over a memory of projected keys and values (``KeyValueMemory``): returns the
-        output and the window's keys and values ``[2, B, N, H, M + T]``."""
+        output and the window's keys and values ``[B, N, H, M + T]``."""
         queries = self.norm_attention(x_BTD) if self.pre_norm else x_BTD  # norms act row by row
-        attended, window_kv = self.attention.with_cached_keys_values(
-            queries, memory_kv, ctx, deterministic=deterministic
+        attended, window_k, window_v = self.attention.with_cached_keys_values(
+            queries, memory_k, memory_v, ctx, deterministic=deterministic
         )
-        return self._residual_and_feed_forward(x_BTD, attended, deterministic), window_kv
+        return self._residual_and_feed_forward(x_BTD, attended, deterministic), window_k, window_v
 
     def _residual_and_feed_forward(self, x_BTD, attended, deterministic: bool) -> jax.Array:
         if self.pre_norm:
@@ -130,8 +130,9 @@ def _remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: 
 
 def _check_memory(mems: memory_lib.AnyMemory, cfg: ModelConfig, batch: int) -> None:
     if isinstance(mems, memory_lib.KeyValueMemory):
-        name, shape, keys_values = "keys_values", mems.keys_values.shape, ", keys_values=True"
-        fits = shape[:-1] == (cfg.n_layers, 2, batch, cfg.n_heads, cfg.head_dim)
+        name, shape, keys_values = "keys", mems.keys.shape, ", keys_values=True"
+        fits = shape[:-1] == (cfg.n_layers, batch, cfg.n_heads, cfg.head_dim)
+        fits = fits and mems.values.shape == shape
     else:
         name, shape, keys_values = "states", mems.states.shape, ""
         fits = shape[:2] == (cfg.n_layers, batch)
@@ -245,13 +246,14 @@ class TransformerLM(nnx.Module):
         x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)
         if isinstance(mems, memory_lib.KeyValueMemory):
-            windows = []
-            for block, memory_kv in zip(self.blocks, mems.keys_values, strict=True):
-                x, window_kv = block.with_cached_keys_values(
-                    x, memory_kv, ctx, deterministic=deterministic
+            window_keys, window_values = [], []
+            for block, memory_k, memory_v in zip(self.blocks, mems.keys, mems.values, strict=True):
+                x, window_k, window_v = block.with_cached_keys_values(
+                    x, memory_k, memory_v, ctx, deterministic=deterministic
                 )
-                windows.append(window_kv)
-            new_mems = memory_lib.update_key_value_memory(mems, windows)
+                window_keys.append(window_k)
+                window_values.append(window_v)
+            new_mems = memory_lib.update_key_value_memory(mems, window_keys, window_values)
         else:
             layer_inputs = []
             run = _remat_block if cfg.remat else _block

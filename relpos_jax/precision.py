@@ -52,11 +52,29 @@ def concatenate(arrays: list[jax.Array], axis: int) -> jax.Array:
 
     XLA:CPU has no bf16 concatenation: it converts every operand to float32, concatenates and
     converts back, three passes over the data where one copy would do."""
-    dtype = arrays[0].dtype
-    if dtype.itemsize != 2 or not jnp.issubdtype(dtype, jnp.floating):
-        return jnp.concatenate(arrays, axis=axis)
-    bits = [jax.lax.bitcast_convert_type(a, jnp.uint16) for a in arrays]
-    return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=axis), dtype)
+    bits = jnp.concatenate([_as_bits(x) for x in arrays], axis=axis)
+    return _from_bits(bits, arrays[0].dtype)
+
+
+def append_last(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``concatenate([a, b], axis=-1)`` as ``a`` padded, then ``b`` written into the pad in place.
+
+    Where ``a`` is one layer's slice of a stacked memory, XLA:CPU copies the slice out and then
+    copies it again into a concatenation; a pad reads the slice where it lies (txl_small's
+    evaluation with 2,100 memory slots: 55 against 162 ms of copies per step)."""
+    padded = jnp.pad(_as_bits(a), [(0, 0)] * (a.ndim - 1) + [(0, b.shape[-1])])
+    start = (0,) * (a.ndim - 1) + (a.shape[-1],)
+    return _from_bits(jax.lax.dynamic_update_slice(padded, _as_bits(b), start), a.dtype)
+
+
+def _as_bits(x: jax.Array) -> jax.Array:
+    if x.dtype.itemsize == 2 and jnp.issubdtype(x.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(x, jnp.uint16)
+    return x
+
+
+def _from_bits(x: jax.Array, dtype) -> jax.Array:
+    return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
 
 
 def add_bias(x: jax.Array, bias: jax.Array) -> jax.Array:

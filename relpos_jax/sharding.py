@@ -133,9 +133,9 @@ def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
     """The memory's rows split like the batch: ``Memory [L, B, M, D]`` or ``KeyValueMemory``."""
     from relpos_jax.memory import KeyValueMemory, Memory
 
-    if keys_values:  # [L, 2, B, N, H, M]
-        spec = P(None, None, BATCH, None, None, None)
-        return KeyValueMemory(NamedSharding(mesh, spec), NamedSharding(mesh, P()))
+    if keys_values:  # keys and values [L, B, N, H, M]
+        rows = NamedSharding(mesh, P(None, BATCH, None, None, None))
+        return KeyValueMemory(rows, rows, NamedSharding(mesh, P()))
     return Memory(NamedSharding(mesh, P(None, BATCH, None, None)), NamedSharding(mesh, P()))
 
 

@@ -95,7 +95,8 @@ def test_key_value_memory_holds_each_slots_keys_and_values():
     _, mems = model.forward_embeddings(x2, mems)
     w_kv = model.blocks[0].attention.w_kv[...]
     layer0 = jnp.einsum("btd,dsnh->sbnht", jnp.concatenate([x1, x2], 1), w_kv)  # inputs of layer 0
-    np.testing.assert_allclose(mems.keys_values[0], layer0[..., -5:], **TOL)
+    np.testing.assert_allclose(mems.keys[0], layer0[0, ..., -5:], **TOL)
+    np.testing.assert_allclose(mems.values[0], layer0[1, ..., -5:], **TOL)
     assert int(mems.valid) == 5
 
 
@@ -104,14 +105,14 @@ def test_run_segments_and_bf16_with_key_value_memory():
     tokens = _stream(12)
     scanned, mems = run_segments(model, tokens, model.init_mems(B, keys_values=True), segment_len=3)
     looped, _ = _segment_by_segment(model, tokens, 3, model.init_mems(B))
-    assert mems.keys_values.dtype == jnp.bfloat16
+    assert mems.keys.dtype == mems.values.dtype == jnp.bfloat16
     np.testing.assert_allclose(scanned, looped, rtol=0.05, atol=0.05)
 
 
 def test_a_key_value_memory_of_another_shape_is_refused():
     model = tiny_model("txl")
     mems = model.init_mems(B + 1, keys_values=True)
-    with pytest.raises(ValueError, match=r"mems\.keys_values\.shape=.*keys_values=True"):
+    with pytest.raises(ValueError, match=r"mems\.keys\.shape=.*keys_values=True"):
         model(_stream(3), mems)
     with pytest.raises(ValueError, match="KeyValueMemory"):
         model.attention_probabilities(_stream(3), model.init_mems(B, keys_values=True))

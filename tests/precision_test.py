@@ -163,6 +163,25 @@ def test_bias_over_the_batch_has_the_gradient_of_the_broadcast():
     np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32, jnp.int32])
+def test_concatenations_are_jnp_concatenate_bit_for_bit(dtype):
+    """16-bit floats move as integers: NaN, infinities, −0 and subnormals come through unchanged."""
+    special = jnp.array([jnp.nan, jnp.inf, -jnp.inf, -0.0, 1e-40, 3.0]).astype(dtype)
+    a = jnp.concatenate([special, jnp.arange(18).astype(dtype)]).reshape(2, 3, 4)
+    b = (jnp.arange(30) - 7).astype(dtype).reshape(2, 3, 5)
+    want = np.asarray(jnp.concatenate([a, b], axis=-1))
+    for got in (
+        jax.jit(precision.append_last)(a, b),
+        jax.jit(precision.concatenate, static_argnums=1)([a, b], -1),
+    ):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+    stacked = jax.jit(precision.concatenate, static_argnums=1)([a[None], a[None]], 0)
+    np.testing.assert_array_equal(
+        np.asarray(stacked).view(np.uint8), np.stack([want[..., :4]] * 2).view(np.uint8)
+    )
+
+
 def test_an_index_summed_inside_one_operand_is_refused():
     x = jnp.ones((2, 3), jnp.bfloat16)
     with pytest.raises(ValueError, match="spec='ij,jk->k' is invalid for the first operand"):
