@@ -8,10 +8,11 @@ right-aligned: the newest state is last. The update keeps the last M of concat(m
 ``ext_len > 0`` — under ``stop_gradient``: gradients never cross a segment boundary.
 
 ``KeyValueMemory`` is the same memory after each layer's key and value projections: ``keys`` and
-``values`` ``[L, B, N, H, M]`` (keys before RoPE's rotation). A memory slot's keys and values are those its hidden
-state had when it was the segment, so where the weights do not change between segments
-(evaluation, generation) the layer projects only the T new rows instead of all M + T; with
-gradients it would differ from Transformer-XL, whose memory is projected by the current weights.
+``values`` ``[L, B, N, H, M]`` (keys before RoPE's rotation). A slot's keys and values are those its
+hidden state had when it was the segment, so where the weights do not change between segments
+(evaluation, generation) a layer projects only the T new rows instead of all M + T. In training it
+would differ from Transformer-XL, whose memory is projected by the current weights (and whose
+key/value weights get gradients through the memory's rows): training keeps ``Memory``.
 
 ``run_segments`` scans a model over a long stream with the memory as the ``jax.lax.scan`` carry.
 Legend: L layers, B batch, M memory slots, T segment length, S segments, D model dim, N heads, H head
