@@ -103,7 +103,8 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Attention whose memory slots come already projected, keys and values ``[B, N, H, M]``:
         only the segment's T rows are projected. Returns the output and the window's keys and
-        values ``[B, N, H, M + T]`` (keys before RoPE's rotation): the next memory is cut from them."""
+        values ``[B, N, H, M + T]`` (keys before RoPE's rotation), which the next memory is cut
+        from."""
         dtype = x_BTD.dtype
         segment_kv = precision.einsum("btd,dsnh->sbnht", x_BTD, self.w_kv[...].astype(dtype))
         window_k, window_v = (
