@@ -128,7 +128,14 @@ def _remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: 
     return y
 
 
-def _check_memory(mems: memory_lib.AnyMemory, cfg: ModelConfig, batch: int) -> None:
+def _check_memory(
+    mems: memory_lib.AnyMemory, cfg: ModelConfig, batch: int, deterministic: bool
+) -> None:
+    if isinstance(mems, memory_lib.KeyValueMemory) and not deterministic:
+        raise ValueError(
+            "TransformerLM: mems is a KeyValueMemory, which is exact only where the weights do not "
+            "change (evaluation, generation); train with model.init_mems(batch) (hidden states)"
+        )
     if isinstance(mems, memory_lib.KeyValueMemory):
         name, shape, keys_values = "keys", mems.keys.shape, ", keys_values=True"
         fits = shape[:-1] == (cfg.n_layers, batch, cfg.n_heads, cfg.head_dim)
@@ -241,7 +248,7 @@ class TransformerLM(nnx.Module):
         batch, seg_len, _ = x_BTD.shape
         if mems is None:
             mems = self.init_mems(batch)
-        _check_memory(mems, cfg, batch)
+        _check_memory(mems, cfg, batch, deterministic)
         ctx = self._position_context(mems, seg_len, position_offset, attention_mask, deterministic)
         x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)

@@ -109,10 +109,12 @@ def test_run_segments_and_bf16_with_key_value_memory():
     np.testing.assert_allclose(scanned, looped, rtol=0.05, atol=0.05)
 
 
-def test_a_key_value_memory_of_another_shape_is_refused():
+def test_a_key_value_memory_of_another_shape_or_in_training_is_refused():
     model = tiny_model("txl")
     mems = model.init_mems(B + 1, keys_values=True)
     with pytest.raises(ValueError, match=r"mems\.keys\.shape=.*keys_values=True"):
         model(_stream(3), mems)
     with pytest.raises(ValueError, match="KeyValueMemory"):
         model.attention_probabilities(_stream(3), model.init_mems(B, keys_values=True))
+    with pytest.raises(ValueError, match=r"KeyValueMemory.*train with model\.init_mems"):
+        model(_stream(3), model.init_mems(B, keys_values=True), deterministic=False)
