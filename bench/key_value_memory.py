@@ -3,14 +3,14 @@
     .venv/bin/python bench/key_value_memory.py [--scheme txl] [--size small] [--rounds 5]
         [--settings 128:128,80:2100,128:1024] [--generate 1024] [--dtype float32]
 
-The same model and weights run each way in one process, alternating, so that the host's load falls on
-both alike: ``model.init_mems(B, M)`` (each layer's hidden states, projected again into keys and
+The same model and weights run each way in one process, alternating, so that the host's load falls
+on both alike: ``model.init_mems(B, M)`` (each layer's hidden states, projected again into keys and
 values for every segment, as Transformer-XL's and x-transformers' code do) and ``model.init_mems(B,
 M, keys_values=True)`` (each layer's projected keys and values, what ``evaluate``, ``generate``,
 ``recl`` and ``probing`` use). Evaluation: tokens/s of one segment of T tokens after a full memory
-of M, for each ``T:M`` of ``--settings`` (``80:2100`` is the paper's enwik8 test protocol). Generation:
-tokens/s of 32 greedy steps of one token each after a full memory of ``--generate`` tokens. Prints
-a markdown table with the median of ``--rounds`` rounds and the speed-up.
+of M, for each ``T:M`` of ``--settings`` (``80:2100`` is the paper's enwik8 test protocol).
+Generation: tokens/s of 32 greedy steps of one token each after a full memory of ``--generate``
+tokens. Prints a markdown table with the median of ``--rounds`` rounds and the speed-up.
 """
 
 from __future__ import annotations

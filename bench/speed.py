@@ -10,8 +10,8 @@ is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``offici
 same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
-tokens/s (forward with memory, no gradient; relpos_jax keeps its memory as projected keys and values,
-as ``evaluate`` does, while the peers project their memory of hidden states again for every
+tokens/s (forward with memory, no gradient; relpos_jax keeps its memory as projected keys and
+values, as ``evaluate`` does, while the peers project their memory of hidden states again for every
 segment) of relpos_jax and of its x-transformers counterpart —
 Transformer-XL (ours) and T5 (ours) against x-transformers' T5 relative bias, rope against rotary,
 alibi against ALiBi, sinusoid against absolute — at txl_small's sizes (6 layers, d_model 256, 4×64

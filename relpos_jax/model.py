@@ -10,9 +10,10 @@ memory has room they are the positions in the stream (so generation with memory 
 the context, for every scheme); once it is full, a segment's queries sit at ``M … M + T − 1``.
 Relative schemes see only differences, so for them the origin never matters.
 
-``model(tokens, mems) -> (logits, new_mems)``: state goes in and comes out; no hidden cache. ``mems`` is
-a ``Memory`` of hidden states (training: the current weights project them) or a ``KeyValueMemory`` of
-projected keys and values (evaluation and generation: only the segment's rows are projected).
+``model(tokens, mems) -> (logits, new_mems)``: state goes in and comes out; no hidden cache.
+``mems`` is a ``Memory`` of hidden states (training: the current weights project them) or a
+``KeyValueMemory`` of projected keys and values (evaluation and generation: only the segment's rows
+are projected).
 Legend: B batch, T segment, M memory, K = M + T, L layers, D model dim, F feed-forward dim, V vocab.
 """
 
