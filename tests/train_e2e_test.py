@@ -127,6 +127,17 @@ def test_a_run_moves_between_device_counts(tiny, tmp_path):
     evaluated = run_cli("eval.py", *flags, JAX_NUM_CPU_DEVICES="2")
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["step"] == 4
+    # 4 rows: the batch and the key/value memory split over two devices, then on one: same scores
+    scores = {}
+    for devices in ("2", "1"):
+        evaluated = run_cli(
+            "eval.py", *flags, "--config.eval.batch_size=4", JAX_NUM_CPU_DEVICES=devices
+        )
+        assert evaluated.returncode == 0, evaluated.stderr
+        scores[devices] = json.loads((tmp_path / "eval.json").read_text())
+    for split in ("valid", "test"):
+        assert scores["2"][split]["tokens"] == scores["1"][split]["tokens"]
+        assert scores["2"][split]["bpc"] == pytest.approx(scores["1"][split]["bpc"], rel=1e-5)
 
 
 @pytest.mark.slow
