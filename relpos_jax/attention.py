@@ -112,7 +112,7 @@ class Attention(nnx.Module):
             for memory, segment in zip((memory_k, memory_v), jnp.unstack(segment_kv), strict=True)
         )
         k, v = window_k, window_v
-        if self.kv_layout == "bknh":
+        if self.kv_layout == "bknh":  # [B, N, H, K] -> [B, K, N, H]
             k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
         q, k = self._rotate(self._queries(x_BTD), k, ctx)
         return self._attend(q, k, v, ctx, deterministic), window_k, window_v

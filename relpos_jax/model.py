@@ -132,12 +132,13 @@ def _remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: 
 def _check_memory(
     mems: memory_lib.AnyMemory, cfg: ModelConfig, batch: int, deterministic: bool
 ) -> None:
-    if isinstance(mems, memory_lib.KeyValueMemory) and not deterministic:
-        raise ValueError(
-            "TransformerLM: mems is a KeyValueMemory, which is exact only where the weights do not "
-            "change (evaluation, generation); train with model.init_mems(batch) (hidden states)"
-        )
     if isinstance(mems, memory_lib.KeyValueMemory):
+        if not deterministic:
+            raise ValueError(
+                "TransformerLM: mems is a KeyValueMemory, which is exact only where the weights "
+                "do not change (evaluation, generation); train with model.init_mems(batch) "
+                "(hidden states)"
+            )
         name, shape, keys_values = "keys", mems.keys.shape, ", keys_values=True"
         fits = shape[:-1] == (cfg.n_layers, batch, cfg.n_heads, cfg.head_dim)
         fits = fits and mems.values.shape == shape
