@@ -10,9 +10,10 @@ is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``offici
 same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
-tokens/s (forward with memory, no gradient; relpos_jax keeps its memory as projected keys and
-values, as ``evaluate`` does, while the peers project their memory of hidden states again for every
-segment) of relpos_jax and of its x-transformers counterpart —
+tokens/s (forward with memory, no gradient; relpos_jax scores as ``evaluate`` does: its memory
+kept as projected keys and values, ``evaluate.SEGMENTS_PER_CALL`` segments a compiled call with the
+memory carried by ``jax.lax.scan``, while the peers score a segment a call, as their code does, and
+project their memory of hidden states again for every segment) of relpos_jax and of its x-transformers counterpart —
 Transformer-XL (ours) and T5 (ours) against x-transformers' T5 relative bias, rope against rotary,
 alibi against ALiBi, sinusoid against absolute — at txl_small's sizes (6 layers, d_model 256, 4×64
 heads, d_ff 1024, segment 128, memory 128, batch 16, dropout 0.1 in training). Each measurement runs
@@ -61,6 +62,7 @@ def ours(
 
     cpu_devices.one_device_per_core([size["batch"]])
     import jax
+    import jax.numpy as jnp
     import optax
     from flax import nnx
 
@@ -75,21 +77,23 @@ def ours(
     mems_sharding = sharding.memory_sharding(mesh, keys_values=keys_values)
     mems = model.init_mems(batch, keys_values=keys_values)
     carry = {"mems": jax.device_put(mems, mems_sharding)}
-    if task == "eval":
+    if task == "eval":  # as ``evaluate`` scores: SEGMENTS_PER_CALL segments a compiled call
+        from relpos_jax import evaluate
+
         graphdef, state = nnx.split(model)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
-
-        @jax.jit
-        def forward(state, mems, inputs, targets):
-            logits, mems = nnx.merge(graphdef, state)(inputs, mems)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum()
-            return loss, mems
+        per_call = evaluate.SEGMENTS_PER_CALL
+        block = {"inputs": inputs, "targets": targets, "weights": jnp.ones(inputs.shape)}
+        block = jax.device_put(
+            {k: jnp.stack([v] * per_call) for k, v in block.items()},
+            sharding.segments_sharding(mesh),
+        )
 
         def call():
-            loss, carry["mems"] = forward(state, carry["mems"], inputs, targets)
+            loss, _, carry["mems"] = evaluate.score_segments(graphdef, state, block, carry["mems"])
             jax.block_until_ready(loss)
 
-        return batch * seg / median_seconds(call, repeats, warmup)
+        return per_call * batch * seg / median_seconds(call, repeats, warmup)
 
     optimizer = nnx.Optimizer(model, optax.adam(2.5e-4), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))

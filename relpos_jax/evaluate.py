@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import pathlib
 import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -43,12 +46,27 @@ def with_config(model: TransformerLM, model_config: ModelConfig) -> TransformerL
     return nnx.merge(graphdef, nnx.state(model))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_step(graphdef, state, batch, mems):
+SEGMENTS_PER_CALL = 16
+"""Segments that one compiled call scores, the memory carried between them by ``jax.lax.scan``."""
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def score_segments(graphdef, state, block: dict, mems):
+    """Scores S consecutive segments ``block["inputs" | "targets" | "weights"] [S, B, T]`` in one
+    call -> (per-row sums of weighted losses [B], of weights [B], the memory after the last
+    segment). The sums stay per row, so rows split over devices need nothing from each other."""
     model = nnx.merge(graphdef, state)
-    logits, mems = model(batch["inputs"], mems)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-    return (losses * batch["weights"]).sum(), batch["weights"].sum(), mems
+
+    def step(carry, segment):
+        mems, loss, count = carry
+        logits, mems = model(segment["inputs"], mems)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
+        weights = segment["weights"]
+        return (mems, loss + (losses * weights).sum(-1), count + weights.sum(-1)), None
+
+    zeros = jnp.zeros(block["inputs"].shape[1], jnp.float32)
+    (mems, loss, count), _ = jax.lax.scan(step, (mems, zeros, zeros), block)
+    return loss, count, mems
 
 
 def evaluate(
@@ -64,7 +82,7 @@ def evaluate(
     """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once. With a
     ``mesh``, the rows of each batch are split over its batch axes (``_score``)."""
     batches = data_lib.eval_batches(stream, batch_size, segment_len, max_tokens)
-    return _score(model, batches, mem_len, carry_memory=True, mesh=mesh)
+    return _score(model, batches, mem_len, mesh=mesh)
 
 
 def evaluate_sliding(
@@ -81,31 +99,34 @@ def evaluate_sliding(
     of context recomputed from scratch; ``stride`` 1 is the vanilla model of the Transformer-XL paper's
     evaluation-speed table, which recomputes its whole context for every token."""
     batches = data_lib.sliding_batches(stream, batch_size, window, stride, max_tokens)
-    return _score(model, batches, 0, carry_memory=False, mesh=mesh)
+    return _score(model, batches, 0, mesh=mesh)  # no memory: each window on its own
 
 
-def _score(
-    model: TransformerLM, batches, mem_len: int, *, carry_memory: bool, mesh=None
-) -> dict[str, Any]:
-    """Sums the weighted losses of ``batches``. With a ``mesh`` (one process), parameters are laid
-    out by the training rules and each batch's rows, and the memory's, are split over the batch axes
-    when they divide them (else the batch is replicated): one CPU device per core
-    (``cpu_devices``) then runs evaluation on every core."""
+def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[str, Any]:
+    """Sums the weighted losses of ``batches``, ``SEGMENTS_PER_CALL`` of them a call
+    (``score_segments``), the memory carried from each to the next. Calls are queued without
+    waiting for their results (at most two ahead), which are read once, at the end. With a
+    ``mesh`` (one process), parameters are laid out by the training rules and each batch's rows,
+    and the memory's, are split over the batch axes when they divide them (else the batch is
+    replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core."""
     graphdef, state = nnx.split(model)
     if mesh is not None and jax.process_count() > 1:
         mesh = None  # each process's batches are its own rows; not placed on a global mesh
     if mesh is not None:
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
     start = time.perf_counter()
-    total_loss, total_count, mems = 0.0, 0.0, None
-    for batch in batches:
-        if mems is None or not carry_memory:
-            mems = model.init_mems(batch["inputs"].shape[0], mem_len, keys_values=True)
+    sums, mems = [], None
+    for block in _blocks(batches, SEGMENTS_PER_CALL):
+        if mems is None:
+            mems = model.init_mems(block["inputs"].shape[1], mem_len, keys_values=True)
         if mesh is not None:
-            batch, mems = _placed(batch, mems, mesh)
-        loss, count, mems = _eval_step(graphdef, state, batch, mems)
-        total_loss += float(loss)
-        total_count += float(count)
+            block, mems = _placed(block, mems, mesh)
+        loss, count, mems = score_segments(graphdef, state, block, mems)
+        sums.append((loss, count))
+        if len(sums) > 2:
+            jax.block_until_ready(sums[-3])
+    total_loss = sum(np.asarray(loss, np.float64).sum() for loss, _ in sums)
+    total_count = sum(np.asarray(count, np.float64).sum() for _, count in sums)
     mean = total_loss / total_count
     seconds = time.perf_counter() - start
     return {
@@ -117,13 +138,26 @@ def _score(
     }
 
 
-def _placed(batch: dict, mems, mesh: jax.sharding.Mesh):
-    rows = batch["inputs"].shape[0]
+def _blocks(batches, size: int):
+    """``batches`` stacked ``size`` at a time into ``[S, B, T]`` blocks, all of one shape: the last
+    one is filled up with zero-weight segments (after every scored token, so they change nothing),
+    unless there are fewer than ``size`` batches in all, which then make one block."""
+    batches = iter(batches)
+    first = list(itertools.islice(batches, size))
+    group, size = first, len(first)
+    while group:
+        fill = [{k: np.zeros_like(v) for k, v in group[0].items()}] * (size - len(group))
+        yield {k: np.stack([b[k] for b in group + fill]) for k in group[0]}
+        group = list(itertools.islice(batches, size))
+
+
+def _placed(block: dict, mems, mesh: jax.sharding.Mesh):
+    rows = block["inputs"].shape[1]
     if rows % (mesh.shape["data"] * mesh.shape["fsdp"]):
         everywhere = sharding.replicated(mesh)
-        return jax.device_put(batch, everywhere), jax.device_put(mems, everywhere)
+        return jax.device_put(block, everywhere), jax.device_put(mems, everywhere)
     return (
-        jax.device_put(batch, sharding.batch_sharding(mesh)),
+        jax.device_put(block, sharding.segments_sharding(mesh)),
         jax.device_put(mems, sharding.memory_sharding(mesh, keys_values=True)),
     )
 

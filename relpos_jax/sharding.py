@@ -129,6 +129,11 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH, None))
 
 
+def segments_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Blocks of consecutive segments ``[S, B, T]``: each segment's rows split like the batch."""
+    return NamedSharding(mesh, P(None, BATCH, None))
+
+
 def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
     """The memory's rows split like the batch: ``Memory [L, B, M, D]`` or ``KeyValueMemory``."""
     from relpos_jax.memory import KeyValueMemory, Memory
