@@ -182,6 +182,29 @@ def test_concatenations_are_jnp_concatenate_bit_for_bit(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_concatenations_have_jnp_concatenates_gradients(dtype):
+    """A bit cast has no derivative: without their own rule these would give zero gradients."""
+    a = jax.random.normal(jax.random.key(0), (2, 3, 4)).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (2, 3, 5)).astype(dtype)
+    weights = jax.random.normal(jax.random.key(2), (2, 3, 9))
+
+    def loss(concatenation):
+        return lambda a, b: (concatenation(a, b).astype(jnp.float32) * weights).sum()
+
+    want = jax.grad(loss(lambda a, b: jnp.concatenate([a, b], -1)), (0, 1))(a, b)
+    for concatenation in (
+        precision.append_last,
+        lambda a, b: precision.concatenate([a, b], -1),
+    ):
+        got = jax.jit(jax.grad(loss(concatenation), (0, 1)))(a, b)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == dtype
+            np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+    value, tangent = jax.jvp(lambda a, b: precision.append_last(a, b), (a, b), (a, b))
+    np.testing.assert_array_equal(np.asarray(tangent, np.float32), np.asarray(value, np.float32))
+
+
 def test_an_index_summed_inside_one_operand_is_refused():
     x = jnp.ones((2, 3), jnp.bfloat16)
     with pytest.raises(ValueError, match="spec='ij,jk->k' is invalid for the first operand"):
