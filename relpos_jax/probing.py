@@ -64,11 +64,13 @@ def probe_accuracy(
     tokens, answer, doc_id = _rows(docs, batch_size, segment_len)
     graphdef, state = nnx.split(model)
     mems = model.init_mems(tokens.shape[0], mem_len, keys_values=True)
-    correct = np.zeros((tokens.shape[0], tokens.shape[1] - 1), bool)
+    predictions = []  # read once, after the loop: no round trip a segment
     for start in range(0, tokens.shape[1] - 1, segment_len):
         window = slice(start, start + segment_len)
         predicted, mems = _predict(graphdef, state, jnp.asarray(tokens[:, window]), mems)
-        correct[:, window] = np.asarray(predicted) == tokens[:, start + 1 : start + 1 + segment_len]
+        predictions.append(predicted)
+    predicted = np.concatenate([np.asarray(x) for x in predictions], axis=1)
+    correct = predicted[:, : tokens.shape[1] - 1] == tokens[:, 1:]
     scored = answer[:, 1:]  # target j is token j + 1
     wrong_docs = np.unique(doc_id[:, 1:][scored & ~correct])
     return {

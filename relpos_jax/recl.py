@@ -247,7 +247,7 @@ def context_token_losses(
                 mems,
             )
             if start >= warmup:
-                scored.append(np.asarray(losses))
-        per_row = np.concatenate(scored, axis=1)[:, :row_len]
+                scored.append(losses)  # read once, after the loop: no round trip a segment
+        per_row = np.concatenate([np.asarray(x) for x in scored], axis=1)[:, :row_len]
         result[int(context)] = per_row.reshape(-1)[:n_tokens]
     return result

@@ -103,3 +103,18 @@ def test_accuracy_by_distance_reports_each_distance():
     assert [c["distance"] for c in curve] == [64, 70] and curve[0]["chance"] == pytest.approx(
         1 / 26
     )
+
+
+def test_each_prediction_is_scored_against_the_next_byte(monkeypatch):
+    """A predictor that repeats its input byte scores the rate at which an answer byte repeats the
+    byte before it: each prediction meets its own target, not its input."""
+    from relpos_jax import probing
+
+    monkeypatch.setattr(probing, "_predict", lambda graphdef, state, inputs, mems: (inputs, mems))
+    docs = probes.documents("copy", 64, 4, 5)
+    repeats = [d.text[j] == d.text[j - 1] for d in docs for j in np.flatnonzero(d.answer) if j > 0]
+    result = probe_accuracy(
+        tiny_model("txl"), "probe:copy:64", segment_len=16, mem_len=16, documents=4, seed=5
+    )
+    assert result["byte_accuracy"] == pytest.approx(np.mean(repeats))
+    assert result["byte_accuracy"] < 0.5
