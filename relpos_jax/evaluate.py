@@ -127,14 +127,14 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
             jax.block_until_ready(sums[-3])
     total_loss = sum(np.asarray(loss, np.float64).sum() for loss, _ in sums)
     total_count = sum(np.asarray(count, np.float64).sum() for _, count in sums)
-    mean = total_loss / total_count
+    mean = float(total_loss / total_count)
     seconds = time.perf_counter() - start
     return {
         "loss": mean,
         "bpc": mean * BITS_PER_NAT,
         "ppl": math.exp(min(mean, 700.0)),
         "tokens": int(total_count),
-        "tokens_per_sec": total_count / seconds,
+        "tokens_per_sec": float(total_count / seconds),
     }
 
 
