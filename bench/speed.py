@@ -13,7 +13,8 @@ For each scheme and dtype, training tokens/s (forward, backward, Adam, memory ca
 tokens/s (forward with memory, no gradient; relpos_jax scores as ``evaluate`` does: its memory
 kept as projected keys and values, ``evaluate.SEGMENTS_PER_CALL`` segments a compiled call with the
 memory carried by ``jax.lax.scan``, while the peers score a segment a call, as their code does, and
-project their memory of hidden states again for every segment) of relpos_jax and of its x-transformers counterpart —
+project their memory of hidden states again for every segment) of relpos_jax and of its
+x-transformers counterpart —
 Transformer-XL (ours) and T5 (ours) against x-transformers' T5 relative bias, rope against rotary,
 alibi against ALiBi, sinusoid against absolute — at txl_small's sizes (6 layers, d_model 256, 4×64
 heads, d_ff 1024, segment 128, memory 128, batch 16, dropout 0.1 in training). Each measurement runs

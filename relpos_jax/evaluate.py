@@ -145,8 +145,8 @@ def _blocks(batches, size: int):
     one is filled up with zero-weight segments (after every scored token, so they change nothing),
     unless there are fewer than ``size`` batches in all, which then make one block."""
     batches = iter(batches)
-    first = list(itertools.islice(batches, size))
-    group, size = first, len(first)
+    group = list(itertools.islice(batches, size))
+    size = len(group)
     while group:
         fill = [{k: np.zeros_like(v) for k, v in group[0].items()}] * (size - len(group))
         yield {k: np.stack([b[k] for b in group + fill]) for k in group[0]}
