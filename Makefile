@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 demo: $(STAMP)
-	$(PY) -m relpos_jax.demo
+	$(PY) -m relpos_jax.analysis.demo
 
 bench: $(STAMP)
 	$(PY) bench/positions.py

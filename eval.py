@@ -11,7 +11,8 @@ import json
 
 from absl import app, flags
 
-from relpos_jax import cli, host_memory
+from relpos_jax import cli
+from relpos_jax.ops import host_memory
 
 _SAMPLE = flags.DEFINE_integer("sample", 0, "Generate this many bytes after --prompt.")
 _PROMPT = flags.DEFINE_string("prompt", "def ", "Prompt for --sample.")

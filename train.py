@@ -10,7 +10,8 @@ import sys
 
 from absl import app
 
-from relpos_jax import cli, host_memory
+from relpos_jax import cli
+from relpos_jax.ops import host_memory
 
 
 def main(argv: list[str]) -> None:

@@ -59,7 +59,7 @@ def main() -> None:
 
     import jax.numpy as jnp
 
-    from relpos_jax import host_memory
+    from relpos_jax.ops import host_memory
 
     host_memory.reuse_freed_memory()
     try:

@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--generate", type=int, default=1024, help="memory length; 0: skip")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from relpos_jax import host_memory
+    from relpos_jax.ops import host_memory
 
     host_memory.reuse_freed_memory()  # what eval.py does; before the first computation
     size = SIZES[args.size]

@@ -68,7 +68,7 @@ def parse_or_serve(parser: argparse.ArgumentParser, compute):
         return args
     spec = json.loads(args.worker)
     if spec.get("library", "relpos_jax") == "relpos_jax":
-        from relpos_jax import host_memory
+        from relpos_jax.ops import host_memory
 
         host_memory.reuse_freed_memory()  # what train.py does; before the first computation
     result = compute(spec)

@@ -5,7 +5,7 @@
 
 Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
 finished), then scores both on fresh test documents at several distances with
-``relpos_jax.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
+``relpos_jax.analysis.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
 Prints a markdown table; writes ``docs/results/<config>.png`` and ``<config>.json``. With
 ``--schemes``, each scheme is trained with the config's memory, beside the config's own scheme
 without memory, into ``<config>_schemes.png`` and ``.json``.
@@ -46,10 +46,10 @@ def train(
 def score(
     config: str, workdir: pathlib.Path, steps: int, mem_len: int, position: str, distances, sets=()
 ):
+    from relpos_jax.analysis.probing import accuracy_by_distance
     from relpos_jax.config import load_config
     from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
-    from relpos_jax.probing import accuracy_by_distance
 
     cfg = apply_sets(load_config(ROOT / config), sets)
     cfg.train.steps, cfg.model.mem_len, cfg.model.position = steps, mem_len, position

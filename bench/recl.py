@@ -6,7 +6,7 @@
         --set model.n_layers=4 ...      # bench/ablation.py's runs, each with and without memory
 
 Restores each run's model (its ``model.mem_len`` given), measures the per-token test loss of the same
-tokens with attention spans ``--contexts`` (``relpos_jax.recl.context_token_losses``: memory length as
+tokens with attention spans ``--contexts`` (``relpos_jax.analysis.recl.context_token_losses``: memory length as
 the context, ``same_length``), and prints the group's RECL for r = 0.1, 0.5, 1.0 with the mean bpc at
 each context, as a markdown table. With ``--ablation``, a second table treats each scheme's pair (with
 and without memory) as its own group, as the paper's Table 8 compares models of one family.
@@ -42,9 +42,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from relpos_jax import data
+    from relpos_jax.analysis.recl import context_token_losses, recl
     from relpos_jax.config import load_config
     from relpos_jax.evaluate import restore_model
-    from relpos_jax.recl import context_token_losses, recl
 
     contexts = [int(c) for c in args.contexts.split(",")]
     runs = []  # (label, config, workdir)

@@ -58,8 +58,9 @@ def ours(
 
     Run as ``train.py`` runs: on a CPU one device per core (``cpu_devices``, before JAX starts), the
     batch and the memory split over the mesh's batch axes, the parameters laid out by its rules."""
-    from relpos_jax import cpu_devices, sharding
+    from relpos_jax import sharding
     from relpos_jax.config import MeshConfig
+    from relpos_jax.ops import cpu_devices
 
     cpu_devices.one_device_per_core([size["batch"]])
     import jax

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos_jax import positions as P
-from relpos_jax import precision
 from relpos_jax.config import ModelConfig
-from relpos_jax.dropout import Dropout
+from relpos_jax.ops import precision
+from relpos_jax.ops.dropout import Dropout
 
 
 class PositionContext(NamedTuple):

@@ -62,8 +62,8 @@ def distributed_requested() -> bool:
 def split_cpu_into_cores(config) -> None:
     """One CPU device per core (``cpu_devices``) for a single-process run of ``config``; before
     JAX's first computation."""
-    from relpos_jax import cpu_devices
     from relpos_jax.config import Config
+    from relpos_jax.ops import cpu_devices
 
     if distributed_requested():
         return

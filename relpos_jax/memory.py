@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from relpos_jax import precision
+from relpos_jax.ops import precision
 
 
 class Memory(NamedTuple):

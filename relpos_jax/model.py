@@ -29,10 +29,10 @@ from flax import nnx
 
 from relpos_jax import memory as memory_lib
 from relpos_jax import positions as P
-from relpos_jax import precision
 from relpos_jax.attention import Attention, PositionContext, normal_param
 from relpos_jax.config import ModelConfig
-from relpos_jax.dropout import Dropout
+from relpos_jax.ops import precision
+from relpos_jax.ops.dropout import Dropout
 
 
 class Dense(nnx.Linear):

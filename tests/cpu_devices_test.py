@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from relpos_jax.config import MeshConfig
-from relpos_jax.cpu_devices import device_count_for
+from relpos_jax.ops.cpu_devices import device_count_for
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_device_count_fits_mesh_and_batches(batch_sizes, mesh, cores, expected):
 PROGRAM = """
 import json, sys
 import jax
-from relpos_jax import cpu_devices
+from relpos_jax.ops import cpu_devices
 if sys.argv[1] == "late":
     jax.devices()  # JAX has started
 chosen = cpu_devices.one_device_per_core([16])

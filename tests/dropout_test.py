@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax.dropout import LEVELS, Dropout, keep_mask, random_bits, random_draws
+from relpos_jax.ops.dropout import LEVELS, Dropout, keep_mask, random_bits, random_draws
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 129), (1,), (0, 4)])

@@ -12,7 +12,7 @@ import pytest
 PROGRAM = """
 import resource, sys
 import numpy as np
-from relpos_jax import host_memory
+from relpos_jax.ops import host_memory
 applied = host_memory.reuse_freed_memory() if sys.argv[1] == "reuse" else False
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 buffer = np.ones(2**24); del buffer  # 128 MiB, touched once

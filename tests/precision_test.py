@@ -13,7 +13,8 @@ import optax
 import pytest
 from flax import nnx
 
-from relpos_jax import TransformerLM, precision
+from relpos_jax import TransformerLM
+from relpos_jax.ops import precision
 
 SPECS = [("btd,dnh->btnh", (2, 5, 8), (8, 3, 4)), ("bqnh,bknh->bnqk", (2, 5, 3, 4), (2, 7, 3, 4))]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from relpos_jax import data
+from relpos_jax.analysis.probing import accuracy_by_distance, probe_accuracy
 from relpos_jax.data import probes
-from relpos_jax.probing import accuracy_by_distance, probe_accuracy
 from tests.helpers import tiny_model
 
 
@@ -108,7 +108,7 @@ def test_accuracy_by_distance_reports_each_distance():
 def test_each_prediction_is_scored_against_the_next_byte(monkeypatch):
     """A predictor that repeats its input byte scores the rate at which an answer byte repeats the
     byte before it: each prediction meets its own target, not its input."""
-    from relpos_jax import probing
+    from relpos_jax.analysis import probing
 
     monkeypatch.setattr(probing, "_predict", lambda graphdef, state, inputs, mems: (inputs, mems))
     docs = probes.documents("copy", 64, 4, 5)

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from relpos_jax import data as data_lib
+from relpos_jax.analysis.recl import context_token_losses, recl, relative_gain, relative_gains
 from relpos_jax.evaluate import evaluate
-from relpos_jax.recl import context_token_losses, recl, relative_gain, relative_gains
 from tests.helpers import tiny_model
 
 CONTEXTS = [100, 200, 300, 400, 500, 600]

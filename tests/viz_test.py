@@ -1,4 +1,4 @@
-"""relpos_jax.viz: the numbers behind the plots (against the library and the model's parameters),
+"""relpos_jax.analysis.viz: the numbers behind the plots (against the library and the model's parameters),
 and what each plot draws."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from relpos_jax import positions as P
-from relpos_jax import viz
+from relpos_jax.analysis import viz
 from tests.helpers import tiny_model
 
 DISTANCES = np.arange(-2, 20)

@@ -1,6 +1,6 @@
 """A tour of every position scheme: what each adds between a query and a key d steps back.
 
-    python -m relpos_jax.demo
+    python -m relpos_jax.analysis.demo
 
 Content-free views, so that schemes can be read side by side: ALiBi's bias, the T5 / DeBERTa / Shaw
 table rows a distance lands in, the Transformer-XL sinusoid's similarity to distance 0, and RoPE's
