@@ -8,15 +8,16 @@ field once so that a mistake ends in one line naming the field, the value and th
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import pathlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
+from absl import flags
 from flax.core import FrozenDict
+from ml_collections import config_flags
 
 POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "sinusoid", "learned", "deberta", "none")
 RELATIVE_POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "deberta", "none")
@@ -30,8 +31,12 @@ def fail(field: str, value: Any, fix: str) -> None:
     raise ConfigError(f"{field}={value!r} is invalid; {fix}")
 
 
-def load_config(path: str | pathlib.Path) -> ml_collections.ConfigDict:
-    """The ConfigDict of a config file (``get_config()``), as ``--config path`` would load it."""
+def load_config(
+    path: str | pathlib.Path, overrides: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
+    """The ConfigDict of a config file (``get_config()``), as ``--config path`` would load it, with
+    ``overrides`` such as ``"model.mem_len=0"`` applied by the same parser as ``--config.model.mem_len=0``
+    on the command line (so a sweep's settings read exactly as its ``train.py`` command lines)."""
     path = pathlib.Path(path)
     if not path.is_file():
         fail("config", str(path), "pass an existing config file such as configs/txl_small.py")
@@ -40,10 +45,18 @@ def load_config(path: str | pathlib.Path) -> ml_collections.ConfigDict:
     root = str(path.resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    spec = importlib.util.spec_from_file_location(f"_relpos_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    argv = ["load_config", f"--config={path}", *(f"--config.{o}" for o in overrides)]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", None, "config file", flag_values=flag_values, lock_config=False, sys_argv=argv
+    )
+    try:
+        flag_values(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
+        named = (o for o in overrides if o.split("=", 1)[0].rsplit(".", 1)[-1] in str(error))
+        bad = next(named, list(overrides))
+        fail("override", bad, f"name a field of configs/base.py with a value of its type ({error})")
+    return flag_values["config"].value
 
 
 def _check_int(field: str, value: Any, low: int) -> None:
