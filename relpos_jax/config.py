@@ -1,8 +1,11 @@
 """Config files -> ConfigDict -> frozen, validated dataclasses.
 
-``load_config(path)`` loads a config file exactly as ``--config path`` would. ``ModelConfig.from_any``
-turns ``config.model`` (a ConfigDict, a dict or a ModelConfig) into a frozen dataclass, checking every
-field once so that a mistake ends in one line naming the field, the value and the fix.
+``configs/base.py`` is the one source of every field and its default: each section here is a frozen
+dataclass whose fields are that section's, with its defaults (``section`` checks at import that the
+two name the same fields). ``load_config(path)`` loads a config file exactly as ``--config path``
+would. ``ModelConfig.from_any`` turns ``config.model`` (a ConfigDict, a dict or a ModelConfig) into
+the dataclass: the values go through base.py's ConfigDict, whose fields carry their types, then each
+section checks its ranges, so that a mistake ends in one line naming the field, the value and the fix.
 """
 
 from __future__ import annotations
@@ -59,77 +62,124 @@ def load_config(
     return flag_values["config"].value
 
 
-def _check_int(field: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def defaults() -> ml_collections.ConfigDict:
+    """A fresh copy of ``configs/base.py``'s config: every field with its default and type."""
+    from configs import base
+
+    return base.get_config()
+
+
+def _typed_section(name: str, values: Any) -> dict[str, Any]:
+    """``values`` written into base.py's section ``name``, which refuses a value of another type; the
+    gaps a ConfigDict leaves (None where the default is not, a bool for an int, NaN or ±inf) are
+    closed here. Unknown fields are refused. Returns the whole section as a dict."""
+    if isinstance(values, ml_collections.ConfigDict):
+        values = values.to_dict()
+    if not isinstance(values, Mapping):
+        fail(name, type(values).__name__, f"pass config.{name} (a ConfigDict) or a dict")
+    section = defaults()[name]
+    for field, value in values.items():
+        if field not in section:
+            fail(f"{name}.{field}", value, f"not a {name} field; known: {sorted(section)}")
+        kind = section.get_type(field)
+        expected = f"use a value of type {kind.__name__}" + (
+            " or None" if section[field] is None else ""
+        )
+        if isinstance(value, Mapping) and not isinstance(value, dict):
+            value = dict(value)  # a FrozenDict (rope_scaling of a validated config)
+        if value is None and section[field] is not None:
+            fail(f"{name}.{field}", value, expected)
+        if isinstance(value, bool) and kind is not bool:
+            fail(f"{name}.{field}", value, expected)
+        try:
+            section[field] = value
+        except (TypeError, ValueError):
+            fail(f"{name}.{field}", value, expected)
+        if isinstance(section[field], float) and not math.isfinite(section[field]):
+            fail(f"{name}.{field}", value, "use a finite number")
+    return section.to_dict()
+
+
+class _Section:
+    """What every section shares: built from a ConfigDict, a mapping or itself."""
+
+    SECTION = ""
+
+    @classmethod
+    def from_any(cls, config: Any):
+        """From ``config.<section>`` (a ConfigDict), a mapping of some of its fields (the rest keep
+        base.py's defaults), or an instance; a wrong type or an unknown field is refused."""
+        if isinstance(config, cls):
+            return config
+        return cls(**_typed_section(cls.SECTION, config))
+
+
+def section(name: str):
+    """Class decorator: a frozen dataclass of base.py's section ``name``, with base.py's defaults.
+
+    The class annotates the fields (for readers and type checkers); base.py gives their defaults,
+    and a field that one names and the other does not stops the import."""
+
+    def build(cls: type) -> type:
+        default = defaults()[name].to_dict()
+        annotated = list(cls.__annotations__)
+        if set(annotated) != set(default):
+            raise TypeError(
+                f"{cls.__name__} and configs/base.py's {name} section differ: "
+                f"{sorted(set(annotated) ^ set(default))}"
+            )
+        for field in annotated:
+            setattr(cls, field, default[field])
+        cls.SECTION = name
+        return dataclasses.dataclass(frozen=True)(cls)
+
+    return build
+
+
+def _at_least(field: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
         fail(field, value, f"use an integer ≥ {low}")
 
 
-_TYPES = {"int": int, "float": int | float, "bool": bool, "str": str}
-
-
-def check_types(section: str, instance: Any) -> None:
-    """Every field has the type its annotation names (``int | None`` allows None; a float field
-    takes an int; bool is never an int) before any range check runs."""
-    for field in dataclasses.fields(instance):
-        value = getattr(instance, field.name)
-        kinds = [k.strip() for k in str(field.type).split("|")]
-        if value is None and "None" in kinds:
-            continue
-        base = kinds[0]
-        if base.startswith("Mapping"):
-            ok = isinstance(value, Mapping)
-        elif base.startswith("tuple"):
-            ok = isinstance(value, tuple | list) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value
-            )
-        else:
-            ok = isinstance(value, _TYPES[base]) and (base == "bool" or not isinstance(value, bool))
-        if not ok:
-            fail(f"{section}.{field.name}", value, f"use a value of type {field.type}")
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"{section}.{field.name}", value, "use a finite number")
-
-
-def _check_rate(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+def _rate(field: str, value: float) -> None:
+    if not 0 <= value < 1:
         fail(field, value, "use a probability in [0, 1)")
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
+@section("model")
+class ModelConfig(_Section):
     """The model section of a config; see configs/base.py for what each field means."""
 
-    position: str = "txl"
-    vocab_size: int = 256
-    n_layers: int = 6
-    d_model: int = 256
-    n_heads: int = 4
-    d_head: int | None = None
-    d_ff: int = 1024
-    dropout: float = 0.1
-    dropatt: float = 0.0
-    mem_len: int = 128
-    same_length: bool = False
-    clamp_len: int | None = None
-    untie_r: bool = False
-    pre_norm: bool = False
-    remat: bool = False
-    tie_embeddings: bool = True
-    init_std: float = 0.02
-    max_len: int = 4096
-    rope_base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None
-    rope_fraction: float = 1.0
-    rope_interleaved: bool = False
-    shaw_max_distance: int = 64
-    t5_num_buckets: int = 32
-    t5_max_distance: int = 128
-    deberta_bucket_size: int = 256
-    deberta_max_position: int = 512
-    dtype: str = "float32"
+    position: str
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int | None
+    d_ff: int
+    dropout: float
+    dropatt: float
+    mem_len: int
+    same_length: bool
+    clamp_len: int | None
+    untie_r: bool
+    pre_norm: bool
+    remat: bool
+    tie_embeddings: bool
+    init_std: float
+    max_len: int
+    rope_base: float
+    rope_scaling: Mapping[str, Any] | None
+    rope_fraction: float
+    rope_interleaved: bool
+    shaw_max_distance: int
+    t5_num_buckets: int
+    t5_max_distance: int
+    deberta_bucket_size: int
+    deberta_max_position: int
+    dtype: str
 
     def __post_init__(self) -> None:
-        check_types("model", self)
         if self.dtype not in ("float32", "bfloat16"):
             fail("model.dtype", self.dtype, "use float32 or bfloat16")
         if self.position not in POSITIONS:
@@ -147,10 +197,10 @@ class ModelConfig:
             "deberta_bucket_size",
             "deberta_max_position",
         ):
-            _check_int(f"model.{name}", getattr(self, name), 1)
-        _check_int("model.mem_len", self.mem_len, 0)
-        _check_rate("model.dropout", self.dropout)
-        _check_rate("model.dropatt", self.dropatt)
+            _at_least(f"model.{name}", getattr(self, name), 1)
+        _at_least("model.mem_len", self.mem_len, 0)
+        _rate("model.dropout", self.dropout)
+        _rate("model.dropatt", self.dropatt)
         if self.d_model % self.n_heads:
             fail(
                 "model.n_heads",
@@ -158,14 +208,14 @@ class ModelConfig:
                 f"it must divide model.d_model={self.d_model} (e.g. {self._divisor_hint()})",
             )
         if self.d_head is not None:
-            _check_int("model.d_head", self.d_head, 1)
+            _at_least("model.d_head", self.d_head, 1)
         for name in ("init_std", "rope_base"):
             if not getattr(self, name) > 0:
                 fail(f"model.{name}", getattr(self, name), "use a positive value")
         if not 0 < self.rope_fraction <= 1:
             fail("model.rope_fraction", self.rope_fraction, "use a fraction in (0, 1]")
         if self.clamp_len is not None:
-            _check_int("model.clamp_len", self.clamp_len, 1)
+            _at_least("model.clamp_len", self.clamp_len, 1)
         if self.position in ("txl", "sinusoid") and self.d_model % 2:
             fail("model.d_model", self.d_model, "the sinusoid needs an even d_model")
         if self.position == "rope":
@@ -217,77 +267,49 @@ class ModelConfig:
     def relative(self) -> bool:
         return self.position in RELATIVE_POSITIONS
 
-    @classmethod
-    def from_any(cls, config: Any) -> ModelConfig:
-        """From a ConfigDict, a mapping, or a ModelConfig; unknown fields are refused."""
-        if isinstance(config, cls):
-            return config
-        values = _section_values(cls, "model", config)
-        if isinstance(values.get("rope_scaling"), Mapping):
-            values["rope_scaling"] = dict(values["rope_scaling"])
-        return cls(**values)
 
-
-def _section_values(cls: type, section: str, config: Any) -> dict[str, Any]:
-    if isinstance(config, ml_collections.ConfigDict):
-        config = config.to_dict()
-    if not isinstance(config, Mapping):
-        fail(section, type(config).__name__, f"pass config.{section} (a ConfigDict) or a dict")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for name in config:
-        if name not in known:
-            fail(
-                f"{section}.{name}", config[name], f"not a {section} field; known: {sorted(known)}"
-            )
-    return dict(config)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    name: str = "pystdlib"
-    path: str | None = None
-    dir: str | None = None
-    segment_len: int = 128
-    batch_size: int = 16
+@section("data")
+class DataConfig(_Section):
+    name: str
+    path: str | None
+    dir: str | None
+    segment_len: int
+    batch_size: int
 
     def __post_init__(self) -> None:
-        check_types("data", self)
         known = ("pystdlib", "text", "enwik8", "text8")
-        if not isinstance(self.name, str) or not (
-            self.name in known or self.name.startswith(("tfds:", "probe:"))
-        ):
+        if not (self.name in known or self.name.startswith(("tfds:", "probe:"))):
             fail(
                 "data.name",
                 self.name,
                 f"use one of {', '.join(known)}, tfds:<name> or probe:<kind>:<distance>",
             )
-        _check_int("data.segment_len", self.segment_len, 1)
-        _check_int("data.batch_size", self.batch_size, 1)
+        _at_least("data.segment_len", self.segment_len, 1)
+        _at_least("data.batch_size", self.batch_size, 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 1000
-    lr: float = 2.5e-4
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    clip: float = 0.25
-    grad_accum: int = 1
-    seed: int = 0
-    log_every: int = 50
-    eval_every: int = 500
-    eval_tokens: int = 131072
-    ckpt_every: int = 500
-    keep_checkpoints: int = 3
-    skip_nonfinite: bool = False
-    max_consecutive_skips: int = 10
+@section("train")
+class TrainConfig(_Section):
+    steps: int
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float
+    optimizer: str
+    weight_decay: float
+    b1: float
+    b2: float
+    clip: float
+    grad_accum: int
+    seed: int
+    log_every: int
+    eval_every: int
+    eval_tokens: int
+    ckpt_every: int
+    keep_checkpoints: int
+    skip_nonfinite: bool
+    max_consecutive_skips: int
 
     def __post_init__(self) -> None:
-        check_types("train", self)
         for name in (
             "steps",
             "log_every",
@@ -295,10 +317,10 @@ class TrainConfig:
             "keep_checkpoints",
             "max_consecutive_skips",
         ):
-            _check_int(f"train.{name}", getattr(self, name), 1)
+            _at_least(f"train.{name}", getattr(self, name), 1)
         for name in ("warmup_steps", "eval_every", "eval_tokens", "ckpt_every", "seed"):
-            _check_int(f"train.{name}", getattr(self, name), 0)
-        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not self.lr > 0:
+            _at_least(f"train.{name}", getattr(self, name), 0)
+        if not self.lr > 0:
             fail("train.lr", self.lr, "use a positive learning rate such as 2.5e-4")
         if self.optimizer not in ("adam", "adamw"):
             fail("train.optimizer", self.optimizer, "use adam or adamw")
@@ -310,40 +332,45 @@ class TrainConfig:
                 fail(f"train.{name}", getattr(self, name), "use 0 (off) or a positive value")
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    segment_len: int | None = None
-    mem_len: int | None = None
-    clamp_len: int | None = None
-    same_length: bool | None = None
-    batch_size: int = 16
-    lengths: tuple[int, ...] = ()
+@section("eval")
+class EvalConfig(_Section):
+    segment_len: int | None
+    mem_len: int | None
+    clamp_len: int | None
+    same_length: bool | None
+    batch_size: int
+    lengths: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        check_types("eval", self)
-        _check_int("eval.batch_size", self.batch_size, 1)
+        _at_least("eval.batch_size", self.batch_size, 1)
         for name, low in (("segment_len", 1), ("mem_len", 0), ("clamp_len", 1)):
             if getattr(self, name) is not None:
-                _check_int(f"eval.{name}", getattr(self, name), low)
+                _at_least(f"eval.{name}", getattr(self, name), low)
         for length in self.lengths:
-            _check_int("eval.lengths", length, 1)
+            _at_least("eval.lengths", length, 1)
+        object.__setattr__(self, "lengths", tuple(self.lengths))
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
+@section("mesh")
+class MeshConfig(_Section):
+    data: int
+    fsdp: int
+    tensor: int
 
     def __post_init__(self) -> None:
-        check_types("mesh", self)
         for name in ("data", "fsdp", "tensor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
                 fail(f"mesh.{name}", value, "use a positive axis size or -1 (the devices left)")
 
 
-SECTIONS = {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "mesh": MeshConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "mesh": MeshConfig,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,10 +395,11 @@ class Config:
     def from_any(cls, config: Any) -> Config:
         if isinstance(config, cls):
             return config
-        values = _section_values(cls, "config", config)
-        parsed = {
-            name: section(**_section_values(section, name, values.get(name, {})))
-            for name, section in SECTIONS.items()
-        }
-        parsed["eval"] = dataclasses.replace(parsed["eval"], lengths=tuple(parsed["eval"].lengths))
-        return cls(model=ModelConfig.from_any(values.get("model", {})), **parsed)
+        if isinstance(config, ml_collections.ConfigDict):
+            config = config.to_dict()
+        if not isinstance(config, Mapping):
+            fail("config", type(config).__name__, "pass a ConfigDict (load_config) or a dict")
+        for name in config:
+            if name not in SECTIONS:
+                fail(f"config.{name}", config[name], f"not a section; known: {sorted(SECTIONS)}")
+        return cls(**{name: kind.from_any(config.get(name, {})) for name, kind in SECTIONS.items()})
