@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -27,18 +26,51 @@ from flax import nnx
 from relpos_jax import data as data_lib
 from relpos_jax import sharding
 from relpos_jax.config import Config, ConfigError, ModelConfig
+from relpos_jax.memory import scan_segments
 from relpos_jax.metrics import BITS_PER_NAT
 from relpos_jax.model import TransformerLM
 
 
-def eval_model_config(config: Config) -> ModelConfig:
-    """The model config with the evaluation overrides (clamp_len, same_length) applied."""
-    ev, model = config.eval, config.model
-    return dataclasses.replace(
-        model,
-        clamp_len=model.clamp_len if ev.clamp_len is None else ev.clamp_len,
-        same_length=model.same_length if ev.same_length is None else ev.same_length,
-    )
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """How a split is scored, resolved once from a config (``EvalSettings.of``)."""
+
+    segment_len: int
+    mem_len: int
+    clamp_len: int | None
+    same_length: bool
+    batch_size: int
+
+    @classmethod
+    def of(cls, config: Config) -> EvalSettings:
+        """``eval.*`` where it is set, else the training value (``eval.py``, sweeps)."""
+        ev, model = config.eval, config.model
+        return cls(
+            segment_len=ev.segment_len or config.data.segment_len,
+            mem_len=model.mem_len if ev.mem_len is None else ev.mem_len,
+            clamp_len=model.clamp_len if ev.clamp_len is None else ev.clamp_len,
+            same_length=model.same_length if ev.same_length is None else ev.same_length,
+            batch_size=ev.batch_size,
+        )
+
+    @classmethod
+    def of_training(cls, config: Config) -> EvalSettings:
+        """Validation during training: the model as it trains (its segment, memory, clamp_len and
+        same_length), so that valid and train bpc are comparable step after step."""
+        model = config.model
+        return cls(
+            segment_len=config.data.segment_len,
+            mem_len=model.mem_len,
+            clamp_len=model.clamp_len,
+            same_length=model.same_length,
+            batch_size=config.eval.batch_size,
+        )
+
+    def model_config(self, model_config: ModelConfig) -> ModelConfig:
+        """``model_config`` with these settings' clamp_len and same_length (no shape changes)."""
+        return dataclasses.replace(
+            model_config, clamp_len=self.clamp_len, same_length=self.same_length
+        )
 
 
 def with_config(model: TransformerLM, model_config: ModelConfig) -> TransformerLM:
@@ -52,23 +84,22 @@ SEGMENTS_PER_CALL = 16
 """Segments that one compiled call scores, the memory carried between them by ``jax.lax.scan``."""
 
 
+def row_loss_sums(logits: jax.Array, segment: dict) -> tuple[jax.Array, jax.Array]:
+    """A segment's per-row sums of weighted losses and of weights ``[B]`` (the readout of
+    ``score_segments``): per row, so rows split over devices need nothing from each other."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
+    weights = segment["weights"]
+    return (losses * weights).sum(-1), weights.sum(-1)
+
+
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
 def score_segments(graphdef, state, block: dict, mems):
     """Scores S consecutive segments ``block["inputs" | "targets" | "weights"] [S, B, T]`` in one
     call -> (per-row sums of weighted losses [B], of weights [B], the memory after the last
-    segment). The sums stay per row, so rows split over devices need nothing from each other."""
+    segment)."""
     model = nnx.merge(graphdef, state)
-
-    def step(carry, segment):
-        mems, loss, count = carry
-        logits, mems = model(segment["inputs"], mems)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
-        weights = segment["weights"]
-        return (mems, loss + (losses * weights).sum(-1), count + weights.sum(-1)), None
-
-    zeros = jnp.zeros(block["inputs"].shape[1], jnp.float32)
-    (mems, loss, count), _ = jax.lax.scan(step, (mems, zeros, zeros), block)
-    return loss, count, mems
+    (loss, count), mems = scan_segments(model, block, mems, row_loss_sums)
+    return loss.sum(0), count.sum(0), mems
 
 
 def evaluate(
@@ -164,20 +195,30 @@ def _placed(block: dict, mems, mesh: jax.sharding.Mesh):
     )
 
 
-def evaluate_split(model: TransformerLM, config: Config, split: str, **overrides) -> dict[str, Any]:
-    """``evaluate`` on a split of ``config.data`` with the ``config.eval`` settings (``overrides``
-    may give ``mesh``)."""
+def evaluate_split(
+    model: TransformerLM,
+    config: Config,
+    split: str,
+    *,
+    settings: EvalSettings | None = None,
+    max_tokens: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict[str, Any]:
+    """``evaluate`` on a split of ``config.data`` with ``settings`` (default
+    ``EvalSettings.of(config)``)."""
+    settings = settings or EvalSettings.of(config)
     stream = data_lib.open_split(
         config.data.name, split, path=config.data.path, data_dir=config.data.dir
     )
-    settings = dict(
-        batch_size=config.eval.batch_size,
-        segment_len=config.eval.segment_len or config.data.segment_len,
-        mem_len=config.model.mem_len if config.eval.mem_len is None else config.eval.mem_len,
+    return evaluate(
+        with_config(model, settings.model_config(model.config)),
+        stream,
+        batch_size=settings.batch_size,
+        segment_len=settings.segment_len,
+        mem_len=settings.mem_len,
+        max_tokens=max_tokens,
+        mesh=mesh,
     )
-    settings.update(overrides)
-    eval_model = with_config(model, eval_model_config(config))
-    return evaluate(eval_model, stream, **settings)
 
 
 def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
@@ -206,18 +247,14 @@ def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
 
 
 def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
-    settings = {
-        "segment_len": config.eval.segment_len or config.data.segment_len,
-        "mem_len": config.model.mem_len if config.eval.mem_len is None else config.eval.mem_len,
-        "clamp_len": eval_model_config(config).clamp_len,
-        "same_length": eval_model_config(config).same_length,
-        "batch_size": config.eval.batch_size,
-    }
-    results: dict[str, Any] = {"settings": settings}
+    """Every token of each split once, with ``EvalSettings.of(config)``; the settings go in the
+    results beside the scores."""
+    settings = EvalSettings.of(config)
+    results: dict[str, Any] = {"settings": dataclasses.asdict(settings)}
     try:
         mesh = sharding.make_mesh(config.mesh)
     except ConfigError:  # a training mesh these devices do not fit: evaluation needs none
         mesh = None
     for split in splits:
-        results[split] = evaluate_split(model, config, split, mesh=mesh)
+        results[split] = evaluate_split(model, config, split, settings=settings, mesh=mesh)
     return results

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from relpos_jax.memory import segment_step
+
 
 def sample_logits(
     logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | None
@@ -32,18 +34,21 @@ def sample_logits(
 @functools.partial(jax.jit, static_argnames=("graphdef", "n", "mem_len", "temperature", "top_k"))
 def _generate(graphdef, state, prompt, rng, *, n, mem_len, temperature, top_k):
     model = nnx.merge(graphdef, state)
-    mems = model.init_mems(prompt.shape[0], mem_len, keys_values=True)
-    logits, mems = model(prompt, mems)
-    rngs = jax.random.split(rng, n)
-    first = sample_logits(logits[:, -1], rngs[0], temperature, top_k)
 
-    def step(carry, step_rng):
+    def next_token(logits, segment):  # the readout: a sample after the segment's last position
+        return sample_logits(logits[:, -1], segment["rng"], temperature, top_k)
+
+    step = segment_step(model, next_token)
+    rngs = jax.random.split(rng, n)
+    mems = model.init_mems(prompt.shape[0], mem_len, keys_values=True)
+    mems, first = step(mems, {"inputs": prompt, "rng": rngs[0]})
+
+    def decode(carry, step_rng):
         token, mems = carry
-        logits, mems = model(token[:, None], mems)
-        following = sample_logits(logits[:, -1], step_rng, temperature, top_k)
+        mems, following = step(mems, {"inputs": token[:, None], "rng": step_rng})
         return (following, mems), following
 
-    _, rest = jax.lax.scan(step, (first, mems), rngs[1:])
+    _, rest = jax.lax.scan(decode, (first, mems), rngs[1:])
     return jnp.concatenate([first[:, None], rest.swapaxes(0, 1)], axis=1)
 
 

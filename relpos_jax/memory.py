@@ -14,13 +14,17 @@ hidden state had when it was the segment, so where the weights do not change bet
 would differ from Transformer-XL, whose memory is projected by the current weights (and whose
 key/value weights get gradients through the memory's rows): training keeps ``Memory``.
 
-``run_segments`` scans a model over a long stream with the memory as the ``jax.lax.scan`` carry.
+``segment_step`` is the one step over segments (the model on a segment, the memory carried, a
+readout of what the caller keeps); ``scan_segments`` scans it with the memory as the
+``jax.lax.scan`` carry, and ``run_segments`` splits a long stream into segments for it. Evaluation,
+RECL, the probes and generation all run through ``segment_step``.
 Legend: L layers, B batch, M memory slots, T segment length, S segments, D model dim, N heads, H head
 dim, V vocab.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -102,6 +106,58 @@ def key_validity(mems: AnyMemory, seg_len: int) -> jax.Array:
     return slot >= mem_len - mems.valid
 
 
+Readout = Callable[[jax.Array, Any], Any]
+
+
+def logits_of(logits: jax.Array, segment: Any) -> jax.Array:
+    """The default readout: keep each segment's logits."""
+    return logits
+
+
+def segment_step(model: Any, readout: Readout = logits_of, *, deterministic: bool = True):
+    """The one step over segments that evaluation, RECL, probes and generation share:
+    ``step(mems, segment) -> (mems, readout(logits, segment))``.
+
+    ``segment`` is the tokens ``[B, T]`` or a dict whose ``"inputs"`` they are (the other entries,
+    such as targets, weights or a random key, are for ``readout``); ``readout`` keeps what the caller
+    needs of the segment's logits (losses, predictions, a sample), so the logits of a long stream
+    never have to be held."""
+
+    def step(mems: AnyMemory, segment: Any) -> tuple[AnyMemory, Any]:
+        tokens = segment["inputs"] if isinstance(segment, dict) else segment
+        logits, mems = model(tokens, mems, deterministic=deterministic)
+        return mems, readout(logits, segment)
+
+    return step
+
+
+def scan_segments(
+    model: Any,
+    segments: Any,
+    mems: AnyMemory,
+    readout: Readout = logits_of,
+    *,
+    deterministic: bool = True,
+) -> tuple[Any, AnyMemory]:
+    """``jax.lax.scan`` of ``segment_step`` over ``segments`` (``[S, B, T]`` tokens, or a dict of
+    ``[S, B, T]`` arrays with ``"inputs"``) -> (the readouts stacked ``[S, ...]``, the memory after the
+    last segment). With dropout (``deterministic=False``) the model's random state is carried too."""
+    if deterministic:
+        mems, outs = jax.lax.scan(segment_step(model, readout), mems, segments)
+        return outs, mems
+    graphdef, state = nnx.split(model)
+
+    def step(carry, segment):
+        state, mems = carry
+        module = nnx.merge(graphdef, state)
+        mems, out = segment_step(module, readout, deterministic=False)(mems, segment)
+        return (nnx.state(module), mems), out
+
+    (state, mems), outs = jax.lax.scan(step, (state, mems), segments)
+    nnx.update(model, state)
+    return outs, mems
+
+
 def run_segments(
     model: Any,
     tokens: jax.Array,
@@ -110,7 +166,7 @@ def run_segments(
     segment_len: int | None = None,
     deterministic: bool = True,
 ) -> tuple[jax.Array, AnyMemory]:
-    """``jax.lax.scan`` of ``model`` over ``tokens [B, S·T]`` in S segments -> (logits [B, S·T, V], mems).
+    """``scan_segments`` of ``model`` over ``tokens [B, S·T]`` in S segments -> (logits [B, S·T, V], mems).
 
     ``segment_len`` defaults to the memory length (Transformer-XL trains with segment = memory).
     Equals calling the model segment by segment in a Python loop, compiled once.
@@ -123,14 +179,5 @@ def run_segments(
             f"mem_len {mems.length}; pass segment_len=T with T dividing the stream length"
         )
     segments = tokens.reshape(batch, total // seg_len, seg_len).swapaxes(0, 1)  # [S, B, T]
-    graphdef, state = nnx.split(model)
-
-    def step(carry, segment):
-        state, mems = carry
-        module = nnx.merge(graphdef, state)
-        logits, mems = module(segment, mems, deterministic=deterministic)
-        return (nnx.state(module), mems), logits
-
-    (state, mems), logits = jax.lax.scan(step, (state, mems), segments)
-    nnx.update(model, state)
+    logits, mems = scan_segments(model, segments, mems, deterministic=deterministic)
     return logits.swapaxes(0, 1).reshape(batch, total, -1), mems

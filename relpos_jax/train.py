@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from relpos_jax import data as data_lib
 from relpos_jax import sharding
 from relpos_jax.checkpoint import Checkpointer, sections
 from relpos_jax.config import Config, TrainConfig
-from relpos_jax.evaluate import evaluate_split
+from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import Memory, init_mems
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
@@ -290,9 +291,8 @@ class Trainer:
             self.current_model(),
             self.config,
             "valid",
+            settings=EvalSettings.of_training(self.config),
             max_tokens=max_tokens or None,
-            segment_len=self.config.data.segment_len,
-            mem_len=self.config.model.mem_len,
             mesh=self.mesh,
         )
 
@@ -310,10 +310,13 @@ class Trainer:
         cfg = self.config.train
         writer = MetricsWriter(self.workdir, enabled=self.is_main)
         tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
+        # A terminal gets a redrawn bar; a log file (stderr not a terminal) one plain line per log
+        # step instead of a redraw per step.
+        interactive = sys.stderr.isatty()
         bar = tqdm(
             total=cfg.steps,
             initial=self.step,
-            disable=not self.is_main,
+            disable=not self.is_main or not interactive,
             unit="step",
             dynamic_ncols=True,
             desc="train",
@@ -368,6 +371,12 @@ class Trainer:
                     bpc=f"{last['train/bpc']:.3f}",
                     tok_s=f"{last['tokens_per_sec']:,.0f}",
                 )
+                if self.is_main and not interactive:
+                    print(
+                        f"step {self.step}/{cfg.steps}: loss {loss:.3f}, bpc "
+                        f"{last['train/bpc']:.3f}, {last['tokens_per_sec']:,.0f} tokens/s",
+                        flush=True,
+                    )
                 window_start, window_steps = time.perf_counter(), 0
             if eval_now:
                 valid = self.validate(cfg.eval_tokens)

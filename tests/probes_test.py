@@ -110,7 +110,7 @@ def test_each_prediction_is_scored_against_the_next_byte(monkeypatch):
     byte before it: each prediction meets its own target, not its input."""
     from relpos_jax.analysis import probing
 
-    monkeypatch.setattr(probing, "_predict", lambda graphdef, state, inputs, mems: (inputs, mems))
+    monkeypatch.setattr(probing, "predict", lambda graphdef, state, segments, mems: segments)
     docs = probes.documents("copy", 64, 4, 5)
     repeats = [d.text[j] == d.text[j - 1] for d in docs for j in np.flatnonzero(d.answer) if j > 0]
     result = probe_accuracy(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -107,6 +108,11 @@ def test_train_and_eval_cli(tiny, tmp_path):
     trained = run_cli("train.py", *overrides)
     assert trained.returncode == 0, trained.stderr
     assert trained.stdout.splitlines()[0].startswith("training txl on text from scratch")
+    # Not a terminal: one plain line per log step, no redrawn bar.
+    assert re.search(
+        r"^step 3/3: loss \d+\.\d+, bpc \d+\.\d+, [\d,]+ tokens/s$", trained.stdout, re.M
+    )
+    assert "\r" not in trained.stdout + trained.stderr and "it/s" not in trained.stderr
     again = run_cli("train.py", *overrides)
     assert again.stdout.splitlines()[0].startswith("resuming from step 3")
     evaluated = run_cli("eval.py", *overrides, "--sample", "8")

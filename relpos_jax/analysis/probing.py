@@ -17,14 +17,20 @@ import numpy as np
 from flax import nnx
 
 from relpos_jax.data import probes
+from relpos_jax.memory import scan_segments
 from relpos_jax.model import TransformerLM
 
 
+def predictions(logits: jax.Array, segment: jax.Array) -> jax.Array:
+    """The readout of ``predict``: the most likely next byte at each position ``[B, T]``."""
+    return jnp.argmax(logits, axis=-1)
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _predict(graphdef, state, inputs, mems):
-    model = nnx.merge(graphdef, state)
-    logits, mems = model(inputs, mems)
-    return jnp.argmax(logits, axis=-1), mems
+def predict(graphdef, state, segments: jax.Array, mems) -> jax.Array:
+    """The argmax predictions ``[S, B, T]`` over S consecutive segments ``[S, B, T]``, the memory
+    carried from each to the next."""
+    return scan_segments(nnx.merge(graphdef, state), segments, mems, predictions)[0]
 
 
 def _rows(docs: list[probes.Document], batch_size: int, segment_len: int):
@@ -64,13 +70,11 @@ def probe_accuracy(
     tokens, answer, doc_id = _rows(docs, batch_size, segment_len)
     graphdef, state = nnx.split(model)
     mems = model.init_mems(tokens.shape[0], mem_len, keys_values=True)
-    predictions = []  # read once, after the loop: no round trip a segment
-    for start in range(0, tokens.shape[1] - 1, segment_len):
-        window = slice(start, start + segment_len)
-        predicted, mems = _predict(graphdef, state, jnp.asarray(tokens[:, window]), mems)
-        predictions.append(predicted)
-    predicted = np.concatenate([np.asarray(x) for x in predictions], axis=1)
-    correct = predicted[:, : tokens.shape[1] - 1] == tokens[:, 1:]
+    rows, length = tokens.shape[0], tokens.shape[1] - 1  # a whole number of segments
+    segments = tokens[:, :length].reshape(rows, -1, segment_len).swapaxes(0, 1)  # [S, B, T]
+    predicted = np.asarray(predict(graphdef, state, jnp.asarray(segments), mems))
+    predicted = predicted.swapaxes(0, 1).reshape(rows, length)
+    correct = predicted == tokens[:, 1:]
     scored = answer[:, 1:]  # target j is token j + 1
     wrong_docs = np.unique(doc_id[:, 1:][scored & ~correct])
     return {

@@ -39,6 +39,7 @@ from flax import nnx
 
 from relpos_jax import data as data_lib
 from relpos_jax.evaluate import with_config
+from relpos_jax.memory import scan_segments
 from relpos_jax.model import TransformerLM
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
@@ -159,11 +160,16 @@ def recl(
     return result
 
 
+def token_losses(logits: jax.Array, segment: dict) -> jax.Array:
+    """The readout of ``segment_losses``: each target's loss ``[B, T]`` in nats."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _token_loss_step(graphdef, state, inputs, targets, mems):
-    model = nnx.merge(graphdef, state)
-    logits, mems = model(inputs, mems)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets), mems
+def segment_losses(graphdef, state, segments: dict, mems):
+    """Per-token losses ``[S, B, T]`` of S consecutive segments ``segments["inputs" | "targets"]``,
+    the memory carried from each to the next."""
+    return scan_segments(nnx.merge(graphdef, state), segments, mems, token_losses)[0]
 
 
 def context_token_losses(
@@ -234,20 +240,14 @@ def context_token_losses(
 
     eval_model = with_config(model, dataclasses.replace(model.config, same_length=same_length))
     graphdef, state = nnx.split(eval_model)
+    segments = {  # [S, B, T]
+        "inputs": inputs.reshape(rows, -1, seg).swapaxes(0, 1),
+        "targets": targets.reshape(rows, -1, seg).swapaxes(0, 1),
+    }
     result = {}
     for context in contexts:
         mems = eval_model.init_mems(rows, int(context), keys_values=True)
-        scored = []
-        for start in range(0, width, seg):
-            losses, mems = _token_loss_step(
-                graphdef,
-                state,
-                inputs[:, start : start + seg],
-                targets[:, start : start + seg],
-                mems,
-            )
-            if start >= warmup:
-                scored.append(losses)  # read once, after the loop: no round trip a segment
-        per_row = np.concatenate([np.asarray(x) for x in scored], axis=1)[:, :row_len]
-        result[int(context)] = per_row.reshape(-1)[:n_tokens]
+        losses = np.asarray(segment_losses(graphdef, state, segments, mems))
+        scored = losses[warmup // seg :].swapaxes(0, 1).reshape(rows, -1)  # after the warm-up
+        result[int(context)] = scored[:, :row_len].reshape(-1)[:n_tokens]
     return result
