@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) -m relpos_jax.analysis.demo
 
 bench: $(STAMP)
-	$(PY) bench/positions.py
+	$(PY) -m bench.positions
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

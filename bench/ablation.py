@@ -1,7 +1,7 @@
 """The Transformer-XL paper's Table 6 at small scale: every position scheme × {memory, no memory}.
 
-    .venv/bin/python bench/ablation.py [--steps 500] [--schemes txl,shaw,...] [--seed 0] [--mem-len 128]
-        [--set model.n_layers=12 ...]   # any config override, applied to every run
+    .venv/bin/python -m bench.ablation [--steps 500] [--schemes txl,shaw,...] [--seed 0]
+        [--mem-len 128] [--set model.n_layers=12 ...]   # any config override, applied to every run
 
 Trains ``configs/<scheme>_small.py`` (txl_small's sizes, data and hyperparameters; only the position
 scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal steps, on the embedded pystdlib
@@ -12,16 +12,18 @@ bpc, with the paper's WikiText-103 perplexities beside for reference) and ``abla
 
 from __future__ import annotations
 
-import argparse
-import ast
 import json
 import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "sinusoid", "learned")
+from bench import args as options
+from bench.measure import ROOT
+from relpos_jax.config import POSITIONS, load_config
+
+# The schemes compared: every one that encodes positions ("none", the baseline without any, runs
+# when named: --schemes none).
+SCHEMES = tuple(p for p in POSITIONS if p != "none")
 PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parameters, length 128
     ("txl", True): "27.02",
     ("shaw", True): "27.94",
@@ -36,25 +38,14 @@ def config_file(scheme: str) -> str:
     return "configs/txl_small.py" if scheme == "txl" else f"configs/{scheme}_small.py"
 
 
+def overrides(mem_len: int, seed: int, sets=()) -> list[str]:
+    """The config overrides of one run (``--set`` ones last, so that they win)."""
+    return [f"model.mem_len={mem_len}", f"train.seed={seed}", *sets]
+
+
 def config_for(scheme: str, mem_len: int, seed: int, sets=()):
     """The ConfigDict of one run, as its ``train.py`` flags build it (for in-process evaluation)."""
-    from relpos_jax.config import load_config
-
-    config = load_config(ROOT / config_file(scheme))
-    config.model.mem_len, config.train.seed = mem_len, seed
-    return apply_sets(config, sets)
-
-
-def apply_sets(config, sets=()):
-    """``--set section.field=value`` overrides applied to a ConfigDict, as ``train.py`` takes them."""
-    for setting in sets:
-        key, value = setting.split("=", 1)
-        section, field = key.split(".")
-        try:
-            config[section][field] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):  # a bare string, as the command line takes it
-            config[section][field] = value
-    return config
+    return load_config(ROOT / config_file(scheme), overrides(mem_len, seed, sets))
 
 
 def run(scheme: str, mem_len: int, steps: int, seed: int, runs: pathlib.Path, sets=()) -> dict:
@@ -62,12 +53,10 @@ def run(scheme: str, mem_len: int, steps: int, seed: int, runs: pathlib.Path, se
     done = workdir / "eval.json"
     if done.exists() and json.loads(done.read_text()).get("step") == steps:
         return json.loads(done.read_text())
-    config = config_file(scheme)
+    settings = [f"train.steps={steps}", "train.eval_every=0", *overrides(mem_len, seed, sets)]
     flags = [
-        "--config", config, "--workdir", str(workdir),
-        f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}",
-        f"--config.train.seed={seed}", "--config.train.eval_every=0",
-        *(f"--config.{s}" for s in sets),
+        "--config", config_file(scheme), "--workdir", str(workdir),
+        *(f"--config.{s}" for s in settings),
     ]  # fmt: skip
     subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, check=True)
     subprocess.run([sys.executable, "eval.py", *flags, "--splits", "test"], cwd=ROOT, check=True)
@@ -79,7 +68,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
 
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    schemes = sorted({s for s, _ in results}, key=SCHEMES.index)
+    schemes = sorted({s for s, _ in results}, key=POSITIONS.index)
     width = 0.4
     for i, mem_len in enumerate(sorted({m for _, m in results}, reverse=True)):
         values = [results.get((s, mem_len), float("nan")) for s in schemes]
@@ -94,17 +83,17 @@ def plot(results: dict, path: pathlib.Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--schemes", default=",".join(SCHEMES))
-    parser.add_argument("--seed", type=int, default=0)
+    options.add_schemes(parser, SCHEMES)
+    options.add_seed(parser)
     parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
-    parser.add_argument("--runs", default=str(ROOT / "runs" / "ablation"))
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
-    parser.add_argument("--set", action="append", default=[], help="a config override KEY=VALUE")
+    options.add_runs(parser, "runs/ablation")
+    options.add_out(parser)
+    options.add_overrides(parser)
     args = parser.parse_args()
     results = {}
-    for scheme in args.schemes.split(","):
+    for scheme in args.schemes:
         for mem_len in (args.mem_len, 0):
             evaluated = run(
                 scheme, mem_len, args.steps, args.seed, pathlib.Path(args.runs), args.set

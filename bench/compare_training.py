@@ -1,6 +1,6 @@
 """Equal steps, equal sizes, same data: Transformer-XL with memory vs without, and vs x-transformers.
 
-    .venv/bin/python bench/compare_training.py [--steps 500] [--skip-ours]
+    .venv/bin/python -m bench.compare_training [--steps 500] [--skip-ours]
 
 Runs, one after the other on the embedded pystdlib corpus with txl_small's sizes and hyperparameters
 (6 layers, d_model 256, 4x64 heads, d_ff 1024, segment 128, batch 16, Adam 1e-3, 50 warm-up steps,
@@ -18,7 +18,6 @@ Prints a markdown table of test bpc. Needs the ``bench`` extra for step 3.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
@@ -26,8 +25,8 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import args as options
+from bench.measure import ROOT
 
 
 def run_ours(workdir: pathlib.Path, steps: int, mem_len: int) -> dict:
@@ -123,9 +122,9 @@ def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--runs", default=str(ROOT / "runs" / "compare_training"))
+    options.add_runs(parser, "runs/compare_training")
     parser.add_argument("--skip-ours", action="store_true", help="only the x-transformers runs")
     parser.add_argument(
         "--peers",

@@ -1,9 +1,9 @@
 """Train short, test long (the ALiBi paper's Table 2, small scale): bpc against evaluation length.
 
-    .venv/bin/python bench/extrapolation.py [--runs runs/ablation_small] [--train-len 64]
+    .venv/bin/python -m bench.extrapolation [--runs runs/ablation_small] [--train-len 64]
         [--factors 1,2,4,8,16] [--tokens 16384] [--stride 32] [--set model.n_layers=4 ...]
 
-Takes the ``mem_len`` 0 models that ``bench/ablation.py`` trained (``<runs>/<scheme>_mem0_seed0``,
+Takes the ``mem_len`` 0 models that ``bench.ablation`` trained (``<runs>/<scheme>_mem0_seed0``,
 segment ``--train-len``; pass the same ``--set`` overrides) and scores the first ``--tokens`` test
 tokens at lengths L = train-len × factor, two ways, with no memory:
 
@@ -18,17 +18,12 @@ Writes ``extrapolation.json`` and ``extrapolation.png`` in ``--out`` and prints 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ablation import SCHEMES, config_for  # noqa: E402
+from bench import args as options
+from bench.ablation import SCHEMES, config_for
 
 ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn")
 
@@ -96,26 +91,26 @@ def table(results: dict, lengths: list[int], protocol: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default=str(ROOT / "runs" / "ablation"))
-    parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser = options.parser(__doc__)
+    options.add_runs(parser, "runs/ablation", help="bench.ablation's")
+    options.add_schemes(parser, SCHEMES)
     parser.add_argument("--train-len", type=int, default=128)
-    parser.add_argument("--factors", default="1,2,4,8,16")
+    parser.add_argument("--factors", type=options.ints, default="1,2,4,8,16")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--stride", type=int, default=None, help="default: train-len / 2")
     parser.add_argument("--batch-tokens", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", action="append", default=[], help="a config override KEY=VALUE")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    options.add_seed(parser)
+    options.add_overrides(parser, help="the same as bench.ablation's")
+    options.add_out(parser)
     args = parser.parse_args()
     args.stride = args.stride or max(1, args.train_len // 2)
 
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
 
-    lengths = [args.train_len * int(f) for f in args.factors.split(",")]
+    lengths = [args.train_len * f for f in args.factors]
     results: dict[str, dict] = {}
-    for scheme in args.schemes.split(","):
+    for scheme in args.schemes:
         workdir = pathlib.Path(args.runs) / f"{scheme}_mem0_seed{args.seed}"
         config = config_for(scheme, 0, args.seed, args.set)
         model, cfg, _ = restore_model(config, workdir)

@@ -18,11 +18,11 @@ device=$($PY -c 'import jax; print(jax.devices()[0].device_kind)')
   echo
   echo "## $device, $(date -u +%F)"
   echo
-  echo "Command: \`bash bench/gpu.sh\` (\`bench/mfu.py --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
+  echo "Command: \`bash bench/gpu.sh\` (\`python -m bench.mfu --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
   echo
-  $PY bench/mfu.py --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
+  $PY -m bench.mfu --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
   echo
   echo 'The same large model with model.remat (each layer recomputed in the backward pass):'
   echo
-  $PY bench/mfu.py --size large --dtypes bfloat16 --repeats 10 --warmup 3 --remat
+  $PY -m bench.mfu --size large --dtypes bfloat16 --repeats 10 --warmup 3 --remat
 } | tee -a docs/results/gpu.md

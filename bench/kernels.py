@@ -1,6 +1,6 @@
 """The matrix products of a txl_small step: XLA:CPU (what relpos_jax runs) against PyTorch, in one run.
 
-    .venv/bin/python bench/kernels.py [--dtypes bfloat16,float32] [--repeats 30]
+    .venv/bin/python -m bench.kernels [--dtypes bfloat16,float32] [--repeats 30]
 
 The PyTorch column needs the ``bench`` extra (CPU PyTorch); without it, it says so. Each row is one product shape of a txl_small training step
 (B 16, T 128, K 256, N 4 heads of 64, D 256, F 1024): the plain products of the projections and
@@ -13,9 +13,8 @@ this process, so the ratio is measured on the same machine at the same time.
 
 from __future__ import annotations
 
-import argparse
-
-from measure import median_seconds
+from bench import args as options
+from bench.measure import median_seconds
 
 # (label, batch, rows, contracted, columns); batch 0 = a plain 2-D product
 SHAPES = [
@@ -52,9 +51,9 @@ def torch_product(batch, rows, depth, columns, dtype):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--repeats", type=int, default=30)
+    parser = options.parser(__doc__)
+    options.add_dtypes(parser, "bfloat16,float32")
+    options.add_timing(parser, repeats=30)
     args = parser.parse_args()
 
     import jax.numpy as jnp
@@ -75,7 +74,7 @@ def main() -> None:
     print("| dtype | product | shape (batch × rows × contracted × columns) | XLA:CPU | PyTorch "
           "| XLA / PyTorch |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|")
-    for dtype in args.dtypes.split(","):
+    for dtype in args.dtypes:
         for label, batch, rows, depth, columns in SHAPES:
             flops = 2 * max(batch, 1) * rows * depth * columns
             ours_call = jax_product(batch, rows, depth, columns, jnp.dtype(dtype))

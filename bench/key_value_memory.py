@@ -1,6 +1,6 @@
 """Memory of keys and values against memory of hidden states: evaluation and generation, in one run.
 
-    .venv/bin/python bench/key_value_memory.py [--scheme txl] [--size small] [--rounds 5]
+    .venv/bin/python -m bench.key_value_memory [--scheme txl] [--size small] [--rounds 5]
         [--settings 128:128,80:2100,128:1024] [--generate 1024] [--dtype float32]
 
 The same model and weights run each way in one process, alternating, so that the host's load falls
@@ -15,11 +15,12 @@ tokens. Prints a markdown table with the median of ``--rounds`` rounds and the s
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from measure import SIZES, VOCAB, our_model
+from bench import args as options
+from bench.measure import SIZES, VOCAB, our_model
+from relpos_jax.config import POSITIONS
 
 GENERATED = 32
 
@@ -83,13 +84,13 @@ def generation(model, batch: int, mem: int, keys_values: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scheme", default="txl")
-    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--settings", default="128:128,80:2100,128:1024")
+    parser = options.parser(__doc__)
+    parser.add_argument("--scheme", default="txl", choices=POSITIONS)
+    options.add_size(parser)
+    parser.add_argument("--dtype", default="float32", choices=options.DTYPES)
+    parser.add_argument("--settings", default="128:128,80:2100,128:1024", help="T:M pairs")
     parser.add_argument("--generate", type=int, default=1024, help="memory length; 0: skip")
-    parser.add_argument("--rounds", type=int, default=5)
+    options.add_timing(parser, rounds=5)
     args = parser.parse_args()
     from relpos_jax.ops import host_memory
 

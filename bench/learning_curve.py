@@ -1,21 +1,18 @@
 """A run's learning curve as a markdown table and a PNG, from its ``metrics.jsonl``.
 
-.venv/bin/python bench/learning_curve.py runs/txl_small docs/results/txl_small_curve.png
+.venv/bin/python -m bench.learning_curve runs/txl_small docs/results/txl_small_curve.png
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
+from bench import args as options
 from relpos_jax.metrics import read_metrics
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__)
     parser.add_argument("workdir", nargs="+", help="one or more work directories")
     parser.add_argument("png", help="where to write the plot")
     args = parser.parse_args()

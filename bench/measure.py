@@ -1,20 +1,23 @@
-"""What the speed benchmarks share: model sizes, a median timer, our model, one subprocess each.
+"""What the benchmarks share: the repository, model sizes, a median timer, our model, subprocesses.
 
-Every measurement runs in a fresh subprocess (``isolated``), so that its peak resident memory is its
-own and no compilation cache or thread pool carries over from the one before; the subprocess is the
-same script with ``--worker <json spec>``, answered through ``parse_or_serve``.
+Every speed measurement runs in a fresh subprocess (``isolated``), so that its peak resident memory
+is its own and no compilation cache or thread pool carries over from the one before; the subprocess
+is the same module, ``python -m bench.<name> --worker <json spec>`` at the repository root, answered
+through ``parse_or_serve``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import resource
 import statistics
 import subprocess
 import sys
 import time
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository: configs/, train.py, runs/
 SIZES = {
     "small": dict(layers=6, d_model=256, heads=4, d_ff=1024, seg=128, mem=128, batch=16),
     "base": dict(layers=12, d_model=512, heads=8, d_ff=2048, seg=512, mem=512, batch=22),  # enwik8
@@ -22,7 +25,6 @@ SIZES = {
     "tiny": dict(layers=1, d_model=32, heads=2, d_ff=64, seg=16, mem=16, batch=2),  # smoke tests
 }
 VOCAB = 256
-ALL_SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "sinusoid", "learned", "none")
 
 
 def median_seconds(call, repeats: int, warmup: int) -> float:
@@ -49,10 +51,11 @@ def our_model(scheme: str, size: dict, **overrides):
     return TransformerLM({**config, **overrides}, rngs=nnx.Rngs(0))
 
 
-def isolated(script: str, spec: dict) -> dict:
-    """Runs ``script --worker spec`` and returns its JSON answer, or ``{"error": one line}``."""
-    command = [sys.executable, script, "--worker", json.dumps(spec)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+def isolated(module: str, spec: dict) -> dict:
+    """Runs ``python -m module --worker spec`` (``module`` e.g. ``bench.speed``) at the repository
+    root and returns its JSON answer, or ``{"error": one line}``."""
+    command = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     if result.returncode:
         errors = [line for line in result.stderr.splitlines() if "Error" in line] or ["failed"]
         return {"error": errors[-1][:120]}

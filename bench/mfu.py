@@ -1,6 +1,6 @@
 """Model FLOPs utilisation of relpos_jax training: tokens/s × FLOPs per token over the device's peak.
 
-    python bench/mfu.py [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]   # gpu.sh
+    python -m bench.mfu [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]   # gpu.sh
 
 For each ``--size`` and dtype, times ``speed.ours("train", "txl", ...)`` (forward, backward, Adam,
 memory carried) and reports tokens/s, achieved model TFLOP/s (``model_flops`` per token × tokens/s)
@@ -9,9 +9,8 @@ and MFU against the dense peak of the device (``PEAK_TFLOPS``; blank when the de
 
 from __future__ import annotations
 
-import argparse
-
-from measure import SIZES, VOCAB, isolated, parse_or_serve
+from bench import args as options
+from bench.measure import SIZES, VOCAB, isolated, parse_or_serve
 
 PEAK_TFLOPS = {  # dense bf16 / fp32 (non-tensor-core) peaks from the vendors' data sheets
     "H200": {"bfloat16": 989.0, "float32": 67.0},
@@ -39,7 +38,8 @@ def model_flops(size: dict, scheme: str = "txl") -> float:
 
 def mfu(spec: dict) -> dict:
     import jax
-    from speed import ours
+
+    from bench.speed import ours
 
     size, dtype = SIZES[spec["size"]], spec["dtype"]
     tokens_per_sec = ours(
@@ -59,23 +59,22 @@ def mfu(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="base,large", help=f"a list from {sorted(SIZES)}")
-    parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser = options.parser(__doc__)
+    options.add_size(parser, "base,large", many=True)
+    options.add_dtypes(parser, "bfloat16,float32")
+    options.add_timing(parser, repeats=10, warmup=3)
     parser.add_argument("--remat", action="store_true", help="model.remat: recompute each layer")
     args = parse_or_serve(parser, mfu)
     if args is None:
         return
     print("| size | dtype | remat | device | tokens/s | model TFLOP/s | MFU | device peak MiB |")
     print("|---|---|---|---|---:|---:|---:|---:|")
-    for size in args.size.split(","):
-        for dtype in args.dtypes.split(","):
+    for size in args.size:
+        for dtype in args.dtypes:
             spec = dict(
                 size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup, remat=args.remat
             )
-            r = isolated(__file__, spec)
+            r = isolated("bench.mfu", spec)
             if "error" in r:
                 print(f"| {size} | {dtype} | {args.remat} | error: {r['error']} | | | | |")
                 continue

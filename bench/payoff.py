@@ -1,6 +1,6 @@
 """The memory payoff (Transformer-XL paper, Table 9): evaluation with memory against recomputation.
 
-    .venv/bin/python bench/payoff.py [--contexts 256,512,1024,2048] [--size small] [--repeats 2]
+    .venv/bin/python -m bench.payoff [--contexts 256,512,1024,2048] [--size small] [--repeats 2]
 
 For each context C, the same relpos_jax Transformer-XL model and weights evaluate tokens two ways:
 with memory (segments and memory both C long, as in the paper's evaluation; best of ``--repeats``
@@ -10,9 +10,8 @@ window, stride 1). Prints tokens/s of both and the speed-up as a markdown table.
 
 from __future__ import annotations
 
-import argparse
-
-from measure import SIZES, VOCAB, isolated, our_model, parse_or_serve
+from bench import args as options
+from bench.measure import SIZES, VOCAB, isolated, our_model, parse_or_serve
 
 
 def stride_one_rate(model, stream, batch: int, context: int, windows: int) -> float:
@@ -59,17 +58,17 @@ def payoff(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--contexts", default="256,512,1024,2048")
-    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser = options.parser(__doc__)
+    parser.add_argument("--contexts", type=options.ints, default="256,512,1024,2048")
+    options.add_size(parser)
+    options.add_timing(parser, repeats=2)
     args = parse_or_serve(parser, payoff)
     if args is None:
         return
     print("| context | with memory tok/s | vanilla (stride 1) tok/s | speed-up |")
     print("|---:|---:|---:|---:|")
-    for context in (int(c) for c in args.contexts.split(",")):
-        r = isolated(__file__, dict(context=context, repeats=args.repeats, size=args.size))
+    for context in args.contexts:
+        r = isolated("bench.payoff", dict(context=context, repeats=args.repeats, size=args.size))
         if "error" in r:
             print(f"| {context} | error: {r['error']} | | |", flush=True)
             continue

@@ -1,6 +1,6 @@
 """Position terms, fast form against the explicit ``[Tq, Tk, H]`` construction.
 
-    .venv/bin/python bench/positions.py [--lengths 256 512 1024 2048 4096] [--repeats 5]
+    .venv/bin/python -m bench.positions [--lengths 256 512 1024 2048 4096] [--repeats 5]
 
 For a key window of ``Tk`` positions (memory ``M = Tk/2`` then a segment of ``Tq = Tk/2`` queries):
 
@@ -16,7 +16,6 @@ deterministic, plus its output. Results go to stdout as a markdown table.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench import args as options
 from relpos_jax import positions as P
 
 BATCH, HEADS, HEAD_DIM, SHAW_K = 1, 4, 32, 64
@@ -86,9 +86,9 @@ def causal_max_diff(a, b):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--repeats", type=int, default=5)
+    options.add_timing(parser, repeats=5)
     args = parser.parse_args()
     mib = 2.0**-20
     print(

@@ -1,7 +1,7 @@
 """Memory probes: does memory let a model answer beyond its segment? Accuracy against distance.
 
-    .venv/bin/python bench/probes.py [--config configs/probe_needle.py] [--steps N] [--distances ...]
-    .venv/bin/python bench/probes.py --schemes txl,shaw,t5,deberta,alibi,rope   # every scheme
+    .venv/bin/python -m bench.probes [--config configs/probe_needle.py] [--steps N] [--distances ...]
+    .venv/bin/python -m bench.probes --schemes txl,shaw,t5,deberta,alibi,rope   # every scheme
 
 Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
 finished), then scores both on fresh test documents at several distances with
@@ -13,51 +13,45 @@ without memory, into ``<config>_schemes.png`` and ``.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ablation import apply_sets  # noqa: E402
+from bench import args as options
+from bench.measure import ROOT
+from relpos_jax.config import Config, load_config
 
 
-def train(
-    config: str, workdir: pathlib.Path, steps: int, mem_len: int, position: str, sets=()
-) -> None:
+def overrides(steps: int, mem_len: int, position: str, sets=()) -> list[str]:
+    """The config overrides of one run, for ``train.py`` and for scoring alike."""
+    return [
+        f"train.steps={steps}", f"model.mem_len={mem_len}", f"model.position={position}", *sets
+    ]  # fmt: skip
+
+
+def train(config: str, workdir: pathlib.Path, steps: int, settings: list[str]) -> None:
     from relpos_jax.checkpoint import latest_step
 
     if latest_step(workdir / "checkpoints") == steps:
         return
-    flags = [
-        f"--config.train.steps={steps}",
-        f"--config.model.mem_len={mem_len}",
-        f"--config.model.position={position}",
-        *(f"--config.{setting}" for setting in sets),
-    ]
+    flags = [f"--config.{setting}" for setting in settings]
     command = [sys.executable, "train.py", "--config", config, "--workdir", str(workdir), *flags]
     subprocess.run(command, cwd=ROOT, check=True)
 
 
-def score(
-    config: str, workdir: pathlib.Path, steps: int, mem_len: int, position: str, distances, sets=()
-):
+def score(config: str, workdir: pathlib.Path, settings: list[str], distances):
     from relpos_jax.analysis.probing import accuracy_by_distance
-    from relpos_jax.config import load_config
     from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
 
-    cfg = apply_sets(load_config(ROOT / config), sets)
-    cfg.train.steps, cfg.model.mem_len, cfg.model.position = steps, mem_len, position
+    cfg = load_config(ROOT / config, settings)
     kind, *_ = probes.parse(cfg.data.name)
     model, c, _ = restore_model(cfg, workdir)
     return accuracy_by_distance(
-        model, kind, distances, segment_len=c.data.segment_len, mem_len=mem_len, documents=256
-    )
+        model, kind, distances, segment_len=c.data.segment_len, mem_len=c.model.mem_len,
+        documents=256,
+    )  # fmt: skip
 
 
 def plot(curves: dict[str, list[dict]], path: pathlib.Path, segment_len: int, window: int) -> None:
@@ -80,39 +74,37 @@ def plot(curves: dict[str, list[dict]], path: pathlib.Path, segment_len: int, wi
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = options.parser(__doc__)
     parser.add_argument("--config", default="configs/probe_needle.py")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--distances", default="8,12,16,24,32,40,48,56,64,80,96")
-    parser.add_argument(
-        "--schemes",
+    parser.add_argument("--steps", type=int, default=None, help="default: the config's")
+    parser.add_argument("--distances", type=options.ints, default="8,12,16,24,32,40,48,56,64,80,96")
+    options.add_schemes(
+        parser,
+        None,
         help="train each of these schemes with the config's memory (and the config's own scheme "
         "without memory, as the reference); writes <config>_schemes.png and .json",
     )
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
-    parser.add_argument("--runs", default=str(ROOT / "runs"), help="where the runs are kept")
-    parser.add_argument(
-        "--set", action="append", default=[], help="overrides, e.g. model.n_layers=1"
-    )
+    options.add_out(parser)
+    options.add_runs(parser, "runs")
+    options.add_overrides(parser, help="e.g. model.n_layers=1")
     args = parser.parse_args()
 
-    from relpos_jax.config import Config, load_config
-
-    cfg = Config.from_any(apply_sets(load_config(ROOT / args.config), args.set))
+    cfg = Config.from_any(load_config(ROOT / args.config, args.set))
     steps = args.steps or cfg.train.steps
-    distances = [int(d) for d in args.distances.split(",")]
+    distances = list(args.distances)
     stem = pathlib.Path(args.config).stem
     own, memory = cfg.model.position, cfg.model.mem_len
     runs = [(f"memory {memory}", own, memory), ("memory 0", own, 0)]
     if args.schemes:
-        runs = [(f"{p}, memory {memory}", p, memory) for p in args.schemes.split(",")]
+        runs = [(f"{p}, memory {memory}", p, memory) for p in args.schemes]
         runs.append((f"{own}, memory 0", own, 0))
     curves = {}
     for label, position, mem_len in runs:
         scheme = "" if position == own else f"_{position}"  # the config's own runs keep their name
         workdir = pathlib.Path(args.runs) / f"{stem}{scheme}_mem{mem_len}"
-        train(args.config, workdir, steps, mem_len, position, args.set)
-        curves[label] = score(args.config, workdir, steps, mem_len, position, distances, args.set)
+        settings = overrides(steps, mem_len, position, args.set)
+        train(args.config, workdir, steps, settings)
+        curves[label] = score(args.config, workdir, settings, distances)
     out = pathlib.Path(args.out)
     stem = f"{stem}_schemes" if args.schemes else stem
     plot(

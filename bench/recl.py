@@ -1,9 +1,9 @@
 """Relative effective context length (Transformer-XL, appendix C) of a group of trained runs.
 
-    .venv/bin/python bench/recl.py --run "txl, memory 128" runs/cmp2k_mem128 128 \\
+    .venv/bin/python -m bench.recl --run "txl, memory 128" runs/cmp2k_mem128 128 \\
         --run "txl, memory 0" runs/cmp2k_mem0 0 [--config configs/txl_small.py]
-    .venv/bin/python bench/recl.py --ablation txl,shaw,t5 --runs runs/ablation_small --mem-len 64 \
-        --set model.n_layers=4 ...      # bench/ablation.py's runs, each with and without memory
+    .venv/bin/python -m bench.recl --ablation txl,shaw,t5 --runs runs/ablation_small --mem-len 64 \\
+        --set model.n_layers=4 ...      # bench.ablation's runs, each with and without memory
 
 Restores each run's model (its ``model.mem_len`` given), measures the per-token test loss of the same
 tokens with attention spans ``--contexts`` (``relpos_jax.analysis.recl.context_token_losses``: memory length as
@@ -14,45 +14,43 @@ and without memory) as its own group, as the paper's Table 8 compares models of 
 
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ablation import config_for  # noqa: E402
+from bench import args as options
+from bench.ablation import config_for
+from bench.measure import ROOT
+from relpos_jax.config import POSITIONS, load_config
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = options.parser(__doc__)
     parser.add_argument("--run", nargs=3, action="append", metavar=("LABEL", "WORKDIR", "MEM_LEN"))
     parser.add_argument("--config", default="configs/txl_small.py")
-    parser.add_argument("--contexts", default="0,32,64,128,256,512,1024")
+    parser.add_argument("--contexts", type=options.ints, default="0,32,64,128,256,512,1024")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--segment", type=int, default=64)
     parser.add_argument(
-        "--ablation", help="schemes whose bench/ablation.py runs to use (+ memory 0)"
+        "--ablation",
+        type=options.listed(choices=POSITIONS),
+        metavar="A,B,...",
+        help="schemes whose bench.ablation runs to use (+ memory 0)",
     )
-    parser.add_argument("--runs", default=str(ROOT / "runs" / "ablation"), help="with --ablation")
+    options.add_runs(parser, "runs/ablation", help="with --ablation")
     parser.add_argument("--mem-len", type=int, default=128, help="with --ablation")
-    parser.add_argument("--set", action="append", default=[], help="with --ablation: overrides")
+    options.add_overrides(parser, help="with --ablation, as its runs had")
     args = parser.parse_args()
 
     from relpos_jax import data
     from relpos_jax.analysis.recl import context_token_losses, recl
-    from relpos_jax.config import load_config
     from relpos_jax.evaluate import restore_model
 
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = list(args.contexts)
     runs = []  # (label, config, workdir)
     for label, workdir, mem_len in args.run or ():
-        config = load_config(ROOT / args.config)
-        config.model.mem_len = int(mem_len)
+        config = load_config(ROOT / args.config, [f"model.mem_len={mem_len}"])
         runs.append((label, config, ROOT / workdir))
-    for scheme in args.ablation.split(",") if args.ablation else ():
+    for scheme in args.ablation or ():
         for mem_len in (args.mem_len, 0):
             config = config_for(scheme, mem_len, 0, args.set)
             workdir = pathlib.Path(args.runs) / f"{scheme}_mem{mem_len}_seed0"
@@ -87,7 +85,7 @@ def main() -> None:
             "\n| scheme | RECL with memory r=0.1 / 0.5 / 1.0 | without memory r=0.1 / 0.5 / 1.0 |"
         )
         print("|---|---:|---:|")
-        for scheme in args.ablation.split(","):
+        for scheme in args.ablation:
             pair = {label: losses[label] for label in losses if label.startswith(f"{scheme}, ")}
             results = [recl(pair, r=r) for r in (0.1, 0.5, 1.0)]
             cells = [" / ".join(str(result[label]) for result in results) for label in pair]

@@ -1,6 +1,6 @@
 """Scaling with segment length: training-step time and XLA temporary memory, every scheme.
 
-    .venv/bin/python bench/scaling.py [--lengths 128,256,512,1024,2048] [--schemes txl,shaw,...]
+    .venv/bin/python -m bench.scaling [--lengths 128,256,512,1024,2048] [--schemes txl,shaw,...]
 
 For each scheme and length T (segment = memory = T, batch 1, txl_small's other sizes), compiles one
 training step (forward and backward) and reports its median time and XLA's temporary buffer size —
@@ -9,9 +9,8 @@ the number that shows whether a position term stays O(T·H) beyond the attention
 
 from __future__ import annotations
 
-import argparse
-
-from measure import ALL_SCHEMES, SIZES, VOCAB, isolated, median_seconds, our_model, parse_or_serve
+from bench import args as options
+from bench.measure import SIZES, VOCAB, isolated, median_seconds, our_model, parse_or_serve
 
 
 def scaling(spec: dict) -> dict:
@@ -39,23 +38,23 @@ def scaling(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="128,256,512,1024,2048")
-    parser.add_argument("--schemes", default=",".join(ALL_SCHEMES))
-    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = options.parser(__doc__)
+    parser.add_argument("--lengths", type=options.ints, default="128,256,512,1024,2048")
+    options.add_schemes(parser)
+    options.add_size(parser)
+    options.add_timing(parser, repeats=3)
     args = parse_or_serve(parser, scaling)
     if args is None:
         return
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = args.lengths
     print("train step (forward + backward), batch 1, memory = segment; ms / XLA temp MiB\n")
     print("| scheme | " + " | ".join(f"T={n}" for n in lengths) + " |")
     print("|---|" + "---:|" * len(lengths))
-    for scheme in args.schemes.split(","):
+    for scheme in args.schemes:
         cells = []
         for length in lengths:
             spec = dict(scheme=scheme, length=length, repeats=args.repeats, size=args.size)
-            r = isolated(__file__, spec)
+            r = isolated("bench.scaling", spec)
             cells.append(r.get("error", f"{1000 * r['seconds']:,.0f} / {r['temp_mib']:,.0f}"))
         print(f"| {scheme} | " + " | ".join(cells) + " |", flush=True)
 

@@ -1,12 +1,12 @@
 """Speed side by side: relpos_jax against x-transformers (CPU PyTorch) at the same sizes, in one run.
 
-    .venv/bin/python bench/speed.py [--repeats 5] [--warmup 2] [--rounds 3]
+    .venv/bin/python -m bench.speed [--repeats 5] [--warmup 2] [--rounds 3]
         [--schemes txl,t5,rope,alibi,sinusoid] [--dtypes float32,bfloat16] [--tasks train,eval]
         [--size small|base] [--official-txl DIR]
 
 Needs the ``bench`` extra (``pip install -e .[bench]``: CPU PyTorch and x-transformers).
 ``--official-txl DIR`` adds the official Transformer-XL code as a second peer of ``txl``: ``DIR``
-is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``official_txl.py``), the
+is the ``pytorch`` directory of a checkout of kimiyoung/transformer-xl (``bench.official_txl``), the
 same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
@@ -25,18 +25,20 @@ each pair: this machine is shared, and one pair's ratio moves by up to ±10% fro
 process controls. bfloat16 is relpos_jax's ``model.dtype = "bfloat16"`` (bf16 products with float32
 accumulation, float32 master weights) against ``torch.autocast("cpu", torch.bfloat16)``.
 
-The other speed benchmarks: ``payoff.py`` (memory against recomputation), ``scaling.py`` (time and
-memory against segment length), ``mfu.py`` (model FLOPs utilisation on an accelerator).
+The other speed benchmarks: ``bench.payoff`` (memory against recomputation), ``bench.scaling`` (time
+and memory against segment length), ``bench.mfu`` (model FLOPs utilisation on an accelerator).
 """
 
 from __future__ import annotations
 
-import argparse
+import pathlib
 import statistics
 
-import official_txl
-from measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
+from bench import args as options
+from bench import official_txl
+from bench.measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
 
+TASKS = ("train", "eval")
 PEERS = {
     "txl": "rel_pos_bias",
     "t5": "rel_pos_bias",
@@ -212,9 +214,9 @@ def side_by_side(args) -> None:
     print("| task | dtype | scheme | relpos_jax tok/s | peak MiB | peer | tok/s | "
           "peak MiB | ours / peer (each round) |")  # fmt: skip
     print("|---|---|---|---:|---:|---|---:|---:|---:|")
-    for task in args.tasks.split(","):
-        for dtype in args.dtypes.split(","):
-            for scheme in args.schemes.split(","):
+    for task in args.tasks:
+        for dtype in args.dtypes:
+            for scheme in args.schemes:
                 spec = dict(
                     task=task, scheme=scheme, dtype=dtype, size=args.size,
                     repeats=args.repeats, warmup=args.warmup, official_txl=args.official_txl,
@@ -222,9 +224,9 @@ def side_by_side(args) -> None:
                 peers = peers_of(scheme, args.official_txl)
                 mine, theirs = [], {library: [] for library, _ in peers}
                 for _ in range(args.rounds):  # alternating, so all see the same machine
-                    mine.append(isolated(__file__, {**spec, "library": "relpos_jax"}))
+                    mine.append(isolated("bench.speed", {**spec, "library": "relpos_jax"}))
                     for library, results in theirs.items():
-                        results.append(isolated(__file__, {**spec, "library": library}))
+                        results.append(isolated("bench.speed", {**spec, "library": library}))
                 for library, label in peers or [(None, None)]:
                     versus = (label, theirs[library]) if library else None
                     print(row(task, dtype, scheme, mine, versus), flush=True)
@@ -277,14 +279,14 @@ def worker(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3, help="(ours, peer) process pairs per cell")
-    parser.add_argument("--schemes", default=",".join(PEERS))
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--tasks", default="train,eval")
-    parser.add_argument("--size", default="small", help=f"one of {sorted(SIZES)}")
+    parser = options.parser(__doc__)
+    options.add_timing(
+        parser, repeats=5, warmup=2, rounds=3, rounds_help="(ours, peer) process pairs per cell"
+    )
+    options.add_schemes(parser, tuple(PEERS), help="schemes (those without a peer: ours alone)")
+    options.add_dtypes(parser, "float32,bfloat16")
+    parser.add_argument("--tasks", type=options.listed(choices=TASKS), default="train,eval")
+    options.add_size(parser)
     parser.add_argument(
         "--official-txl",
         metavar="DIR",
@@ -295,6 +297,8 @@ def main() -> None:
         return
     if args.official_txl and (problem := official_txl.missing(args.official_txl)):
         parser.error(problem)
+    if args.official_txl:  # the workers run at the repository root
+        args.official_txl = str(pathlib.Path(args.official_txl).expanduser().resolve())
     side_by_side(args)
 
 

@@ -1,4 +1,5 @@
-"""The benchmarks stay runnable: each runs once at toy sizes and prints its table."""
+"""The benchmarks stay runnable: each runs once at toy sizes (``python -m bench.<name>``) and prints
+its table."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def bench(name: str, *flags: str) -> list[str]:
+    """The command line of ``python -m bench.<name> flags...``, run with ``cwd=ROOT``."""
+    return [sys.executable, "-m", f"bench.{name}", *flags]
+
+
 @pytest.mark.slow
 def test_bench_positions_runs():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "positions.py"), "--lengths", "16", "--repeats", "1"],
+        bench("positions", "--lengths", "16", "--repeats", "1"),
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
+        cwd=ROOT,
     )
     rows = [
         line
@@ -37,21 +44,20 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         "data.name=text", f"data.path={config.data.path}", f"data.dir={config.data.dir}",
         "data.segment_len=8", "data.batch_size=4",
     ]  # fmt: skip
-    command = [
-        sys.executable, str(ROOT / "bench" / "ablation.py"), "--steps", "2",
-        "--schemes", "rope", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
-        *(f"--set={s}" for s in sets),
-    ]  # fmt: skip
+    command = bench(
+        "ablation", "--steps", "2", "--schemes", "rope", "--runs", str(tmp_path / "runs"),
+        "--out", str(tmp_path / "out"), *(f"--set={s}" for s in sets),
+    )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| rope")]
     assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
 
-    command = [
-        sys.executable, str(ROOT / "bench" / "extrapolation.py"), "--schemes", "rope",
-        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
-        "--factors", "1,2", "--tokens", "40", "--stride", "3", *(f"--set={s}" for s in sets),
-    ]  # fmt: skip
+    command = bench(
+        "extrapolation", "--schemes", "rope", "--runs", str(tmp_path / "runs"),
+        "--out", str(tmp_path / "out"), "--train-len", "8", "--factors", "1,2", "--tokens", "40",
+        "--stride", "3", *(f"--set={s}" for s in sets),
+    )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     bpc = json.loads((tmp_path / "out" / "extrapolation.json").read_text())["bpc"]
@@ -64,37 +70,20 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
 @pytest.mark.slow
 def test_speed_benchmarks_run():
     """Toy sizes; x-transformers cells may say error where the bench extra is not installed."""
-    bench = [sys.executable, "-X", "faulthandler"]
     runs = {
-        "speed": [
-            "speed.py",
-            "--schemes",
-            "txl",
-            "--dtypes",
-            "bfloat16",
-            "--repeats",
-            "1",
-            "--rounds",
-            "2",
-        ],
-        "payoff": ["payoff.py", "--contexts", "32", "--repeats", "1"],
-        "scaling": ["scaling.py", "--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
-        "mfu": ["mfu.py", "--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"],
-        "kernels": ["kernels.py", "--dtypes", "float32", "--repeats", "1"],
-        "key_value_memory": [
-            "key_value_memory.py",
-            "--settings",
-            "8:24",
-            "--generate",
-            "16",
-            "--rounds",
-            "1",
-        ],
+        "speed": ["--schemes", "txl", "--dtypes", "bfloat16", "--repeats", "1", "--rounds", "2"],
+        "payoff": ["--contexts", "32", "--repeats", "1"],
+        "scaling": ["--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
+        "mfu": ["--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"],
+        "kernels": ["--dtypes", "float32", "--repeats", "1"],
+        "key_value_memory": ["--settings", "8:24", "--generate", "16", "--rounds", "1"],
     }
-    for name, (script, *flags) in runs.items():
+    for name, flags in runs.items():
         size = [] if name == "kernels" else ["--size", "tiny"]  # its shapes are txl_small's
-        command = [*bench, str(ROOT / "bench" / script), *size, *flags]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+        command = [sys.executable, "-X", "faulthandler", "-m", f"bench.{name}", *size, *flags]
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, check=True, cwd=ROOT
+        )
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
         ours = {"speed": 4, "mfu": 4, "kernels": 4, "key_value_memory": 5}.get(name, 2)
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout
@@ -107,11 +96,11 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
         "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "data.batch_size=4", f"data.dir={config.data.dir}",
     ]  # fmt: skip
-    command = [
-        sys.executable, str(ROOT / "bench" / "probes.py"), "--steps", "2", "--schemes", "rope",
-        "--distances", "8,32", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+    command = bench(
+        "probes", "--steps", "2", "--schemes", "rope", "--distances", "8,32",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
         *(f"--set={s}" for s in sets),
-    ]  # fmt: skip
+    )  # fmt: skip
     (tmp_path / "out").mkdir()
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
