@@ -154,12 +154,35 @@ class Attention(nnx.Module):
         return q, k
 
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
+        logits = self._logits(q, k, ctx)
+        logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
+        return jax.nn.softmax(logits, axis=-1)
+
+    def _logits(self, q, k, ctx: PositionContext) -> jax.Array:
+        """Scaled logits ``[B, N, T, K]`` with every position term, before the mask."""
         logits = self._content_and_position_logits(q, k, ctx)
         logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
         if ctx.bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
             logits = precision.add_bias(logits, ctx.bias)
-        logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
-        return jax.nn.softmax(logits, axis=-1)
+        return logits
+
+    def position_logits(self, q_NH: jax.Array, k_NH: jax.Array, ctx: PositionContext) -> jax.Array:
+        """What this layer's scheme adds to the logit of query ``q_NH`` (the last position of
+        ``ctx``'s window) against key ``k_NH`` at each key of the window, beyond the plain content
+        product ``scale·q·k`` (RoPE's whole logit, since its positions act inside that product):
+        ``[N, K]`` with column j at distance ``K − 1 − j``. The bias against distance of the plots,
+        computed by the same code as the model's logits."""
+        n, h = q_NH.shape
+        k_len = ctx.k_pos.shape[0]
+        q = jnp.broadcast_to(q_NH, (1, 1, n, h))
+        k = jnp.broadcast_to(k_NH, (1, k_len, n, h))
+        if self.kv_layout == "bnhk":
+            k = k.transpose(0, 2, 3, 1)
+        content = self.scale * _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q, k)
+        logits = self._logits(*self._rotate(q, k, ctx), ctx)
+        if self.position != "rope":
+            logits = logits - content
+        return logits[0, :, -1]
 
     def _content_and_position_logits(self, q, k, ctx: PositionContext) -> jax.Array:
         dtype = q.dtype

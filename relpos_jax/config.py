@@ -31,7 +31,8 @@ class ConfigError(ValueError):
 
 
 def fail(field: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"{field}={value!r} is invalid; {fix}")
+    shown = " ".join(repr(value).split())  # one line, even for an array or a nested dict
+    raise ConfigError(f"{field}={shown} is invalid; {fix}")
 
 
 def load_config(

@@ -302,6 +302,24 @@ class TransformerLM(nnx.Module):
             x = block(x, mem_BMD, ctx, deterministic=True)
         return self.blocks[layer].attention_probabilities(x, mems.states[layer], ctx)
 
+    def position_logits(
+        self, layer: int, query_NH: jax.Array, key_NH: jax.Array, max_distance: int
+    ) -> jax.Array:
+        """``[N, max_distance + 1]``: what layer ``layer``'s position scheme adds to the logit of a
+        query against a key ``d = 0 … max_distance`` positions back (``Attention.position_logits``),
+        through the model's own attention code; what ``analysis.viz`` plots."""
+        if not 0 <= layer < self.config.n_layers:
+            raise ValueError(
+                f"position_logits: layer={layer} is invalid; use 0…{self.config.n_layers - 1}"
+            )
+        cfg = self.config  # one query after max_distance written memory slots
+        states = jnp.zeros((cfg.n_layers, 1, max_distance, cfg.d_model), cfg.dtype)
+        mems = memory_lib.Memory(states, jnp.asarray(max_distance, jnp.int32))
+        ctx = self._position_context(mems, 1, 0, None, True)
+        attention = self.blocks[layer].attention
+        by_key = attention.position_logits(jnp.asarray(query_NH), jnp.asarray(key_NH), ctx)
+        return by_key[:, ::-1]  # column d: the key d positions back
+
     def _add_absolute_positions(self, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
         cfg = self.config
         if cfg.position == "sinusoid":

@@ -2,36 +2,37 @@
 
 Every plot takes an optional ``ax``; without one it draws on a new ``matplotlib.figure.Figure`` (no
 pyplot: nothing global changes and it works headless) and returns the Axes. The numbers come from the
-library itself (``relpos_jax.positions`` and a model's parameters), so a plot shows what runs.
+model itself: no formula is written twice, so a plot shows what runs.
 
 ``position_bias`` is what a scheme adds to the attention logit of a query and a key ``d = q_pos −
-k_pos`` steps back, per head, in logit units: terms inside the scaled dot product (txl, shaw,
-deberta, rope) include the layer's scale, as the softmax sees them. Terms that involve content
-(shaw, deberta, rope) use a query and key vector: seeded standard-normal ones unless given (the key
-defaults to the query, so RoPE shows its long-term decay ``Σ|q_i|² cos(d·θ_i)``). ``none`` gives
-zeros (nothing is added); ``sinusoid`` and ``learned`` raise ValueError: their effect depends on
-absolute positions, not on distance.
+k_pos`` steps back, per head, in logit units as the softmax sees them, computed by the model's own
+attention code (``TransformerLM.position_logits``). Terms that involve content (txl, shaw, deberta,
+rope) use a query and key vector: seeded standard-normal ones unless given (the key defaults to the
+query, so RoPE shows its long-term decay ``Σ|q_i|² cos(d·θ_i)``). ``none`` gives zeros (nothing is
+added); ``sinusoid`` and ``learned`` raise ValueError: their effect depends on absolute positions,
+not on distance.
 
-Legend: N heads, H head dim, X distances, Q/K queries and keys, R table rows.
+Legend: N heads, H head dim, Q/K queries and keys.
 """
 
 from __future__ import annotations
 
-import math
 import pathlib
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from relpos_jax import positions as P
+from relpos_jax.config import POSITIONS, RELATIVE_POSITIONS, ConfigError
+from relpos_jax.model import TransformerLM
 
-Fill = Callable[[Any, str, tuple[int, ...]], np.ndarray]
 Distances = Sequence[int] | np.ndarray
 Scaling = Mapping[str, Any] | None
 
@@ -51,86 +52,49 @@ ROPE_SCALINGS: dict[str, dict[str, Any] | None] = {
 YARN_SCALING = ROPE_SCALINGS["yarn x4"]
 
 
-def _filler(seed: int) -> Fill:
-    """``fill(value, name, shape)``: ``value`` as float64, or a standard-normal draw seeded by name."""
-
-    def fill(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if value is not None:
-            return np.asarray(value, np.float64)
-        return np.random.default_rng([seed, zlib.crc32(name.encode())]).standard_normal(shape)
-
-    return fill
-
-
-def _vectors(fill: Fill, p: dict[str, Any], n: int, h: int) -> tuple[np.ndarray, np.ndarray]:
-    """The query and key ``[N, H]`` of the content-dependent terms (the key defaults to the query)."""
-    q_NH = fill(p.pop("query", None), "query", (n, h))
-    key = p.pop("key", None)
-    return q_NH, q_NH if key is None else fill(key, "key", q_NH.shape)
+def _vector(value: Any, name: str, seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as float32 ``[N, H]``, or a standard-normal draw seeded by ``seed`` and ``name``."""
+    if value is None:
+        value = np.random.default_rng([seed, zlib.crc32(name.encode())]).standard_normal(shape)
+    value = np.asarray(value, np.float32)
+    if value.shape != shape:
+        raise ValueError(f"position_bias: {name}.shape={value.shape} is invalid; pass {shape}")
+    return value
 
 
-def _scale(p: dict[str, Any], head_dim: int, terms: int = 1) -> float:
-    scale = p.pop("scale", None)
-    return 1.0 / math.sqrt(head_dim * terms) if scale is None else scale
-
-
-# Each scheme: (distances [X], fill, heads, head dim, params) -> [N, X]; it pops the params it uses.
-def _alibi(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    return -np.asarray(P.alibi_slopes(n), np.float64)[:, None] * np.abs(d)[None, :]
-
-
-def _t5(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    table_RN = fill(p.pop("table", None), "t5_table", (p.pop("num_buckets", 32), n))
-    bidirectional, max_distance = p.pop("bidirectional", False), p.pop("max_distance", 128)
-    rows = P.t5_bucket(
-        d, bidirectional=bidirectional, num_buckets=len(table_RN), max_distance=max_distance
-    )
-    return table_RN[np.asarray(rows)].T
-
-
-def _shaw(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    table_RH = fill(p.pop("table", None), "shaw_table", (2 * p.pop("max_distance", 16) + 1, h))
-    q_NH, _ = _vectors(fill, p, n, h)
-    rows = np.asarray(P.shaw_index(d, (len(table_RH) - 1) // 2))
-    return _scale(p, h) * q_NH @ table_RH[rows].T
-
-
-def _deberta(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    bucket_size, max_position = p.pop("bucket_size", 256), p.pop("max_position", 512)
-    pos_key_RNH = fill(p.pop("pos_key", None), "deberta_pos_key", (2 * bucket_size, n, h))
-    pos_query_RNH = fill(p.pop("pos_query", None), "deberta_pos_query", (2 * bucket_size, n, h))
-    q_NH, k_NH = _vectors(fill, p, n, h)
-    bucket = np.asarray(P.deberta_bucket(d, bucket_size, max_position))
-    rows = np.clip(bucket + bucket_size, 0, 2 * bucket_size - 1)  # as deberta_index
-    c2p = np.einsum("nh,xnh->nx", q_NH, pos_key_RNH[rows])
-    p2c = np.einsum("nh,xnh->nx", k_NH, pos_query_RNH[rows])
-    return _scale(p, h, terms=3) * (c2p + p2c)
-
-
-def _txl(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    """The paper's term (d): ``vᵀ W_R R_d``, R the sinusoid of ``min(d, clamp_len)``."""
-    w_r_DNH = fill(p.pop("w_r", None), "txl_w_r", (p.pop("d_model", None) or n * h, n, h))
-    v_NH = fill(p.pop("v", None), "txl_v", (n, h))
-    clamp_len = p.pop("clamp_len", None)
-    clamped = d if clamp_len is None else np.minimum(d, clamp_len)
-    r_XD = np.asarray(P.sinusoid(clamped, w_r_DNH.shape[0]), np.float64)
-    return _scale(p, h) * np.einsum("xd,dnh,nh->nx", r_XD, w_r_DNH, v_NH)
-
-
-def _rope(d, fill: Fill, n: int, h: int, p: dict[str, Any]) -> np.ndarray:
-    """``q`` rotated to position d against ``k`` at position 0 (which RoPE scales by the factor)."""
-    scaling, fraction = p.pop("scaling", None), p.pop("partial_rotary_factor", None)
-    inv_freq, factor = P.rope_inv_freq(
-        h, p.pop("base", 10000.0), scaling, p.pop("seq_len", None), partial_rotary_factor=fraction
-    )
-    q_NH, k_NH = _vectors(fill, p, n, h)
-    q_XNH = jnp.broadcast_to(jnp.asarray(q_NH, jnp.float32), (d.size, n, h))
-    interleaved = p.pop("interleaved", False)
-    q_rot = np.asarray(P.apply_rope(q_XNH, d, inv_freq, factor, interleaved=interleaved))
-    return _scale(p, h) * factor * np.einsum("xnh,nh->nx", q_rot.astype(np.float64), k_NH)
-
-
-_SCHEMES = dict(alibi=_alibi, t5=_t5, shaw=_shaw, deberta=_deberta, txl=_txl, rope=_rope)
+def position_bias_from_model(
+    model: Any,
+    layer: int,
+    distances: Distances,
+    *,
+    query: Any = None,
+    key: Any = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """``[N, len(distances)]``: what layer ``layer``'s scheme adds to the logit of a query and a key
+    ``d = q_pos − k_pos ≥ 0`` steps back, computed by the model's own attention code
+    (``TransformerLM.position_logits``): every logit term beyond the plain content product
+    ``q·k/√H`` (RoPE: the whole product, which its rotation makes depend on d). Terms that involve
+    content (txl, shaw, deberta, rope) use ``query`` and ``key`` ``[N, H]``, seeded standard-normal
+    draws unless given (the key defaults to the query: RoPE then shows its long-term decay);
+    Transformer-XL's global position term ``vᵀ W_R R_d`` alone is ``query=0, key=0``."""
+    cfg = model.config
+    d = np.asarray(distances)
+    if d.ndim != 1 or not d.size or not np.issubdtype(d.dtype, np.integer) or d.min() < 0:
+        raise ValueError(
+            f"position_bias: distances={distances!r} is invalid; pass a 1-D list of ints ≥ 0 "
+            "(a causal model never attends to keys ahead of the query)"
+        )
+    if not cfg.relative:
+        raise ValueError(
+            f"position_bias: position={cfg.position!r} is absolute, so it adds no bias that "
+            f"depends on distance alone; use a relative scheme ({', '.join(RELATIVE_POSITIONS)})"
+        )
+    shape = (cfg.n_heads, cfg.head_dim)
+    q_NH = _vector(query, "query", seed, shape)
+    k_NH = q_NH if key is None else _vector(key, "key", seed, shape)
+    by_distance = model.position_logits(layer, q_NH, k_NH, int(d.max()))
+    return np.asarray(by_distance, np.float64)[:, d]
 
 
 def position_bias(
@@ -140,83 +104,23 @@ def position_bias(
     num_heads: int = 8,
     head_dim: int = 64,
     seed: int = 0,
-    **scheme_params: Any,
+    query: Any = None,
+    key: Any = None,
+    **model_fields: Any,
 ) -> np.ndarray:
-    """``[num_heads, len(distances)]`` logit term of each scheme at ``d = q_pos − k_pos``.
-
-    Parameters a scheme learns (tables, ``w_r``, ``v``) and the query/key vectors default to seeded
-    standard-normal draws; pass them (see ``position_bias_from_model``) to see a model's.
-    Scheme keywords: t5 ``table, num_buckets, max_distance, bidirectional``; shaw ``table,
-    max_distance, query``; deberta ``pos_key, pos_query, bucket_size, max_position, query, key``;
-    txl ``w_r, v, d_model, clamp_len``; rope ``base, scaling, seq_len, partial_rotary_factor,
-    interleaved, query, key``; all but alibi and t5 take ``scale`` (default ``1/√head_dim``, deberta
-    ``1/√(3·head_dim)``).
-    """
-    d = np.asarray(distances, np.int32)
-    if d.ndim != 1:
-        raise ValueError(f"position_bias: distances.shape={d.shape} is invalid; pass a 1-D list")
-    if position == "none":
-        return np.zeros((num_heads, d.size))
-    if position in ("sinusoid", "learned"):
-        raise ValueError(
-            f"position_bias: position={position!r} is absolute, so it adds no bias that depends "
-            "on distance alone; use a relative scheme (" + ", ".join(_SCHEMES) + ")"
-        )
-    if position not in _SCHEMES:
-        raise ValueError(
-            f"position_bias: position={position!r} is invalid; use one of {[*_SCHEMES, 'none']}"
-        )
-    params = dict(scheme_params)
-    bias = _SCHEMES[position](d, _filler(seed), num_heads, head_dim, params)
-    if params:
-        raise ValueError(
-            f"position_bias: {sorted(params)} are not parameters of {position!r}; see the docstring"
-        )
-    return np.asarray(bias, np.float64)
-
-
-def position_bias_from_model(
-    model: Any, layer: int, distances: Distances, **scheme_params: Any
-) -> np.ndarray:
-    """``position_bias`` with the tables, projections and scale of ``model``'s layer ``layer``.
-
-    T5's table is shared by all layers; txl's ``v`` is the model's unless ``untie_r``. Keywords
-    override (e.g. ``query=`` for shaw, deberta and rope, whose terms depend on content).
-    """
-    cfg = model.config
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(
-            f"position_bias_from_model: layer={layer} is invalid; use 0…{cfg.n_layers - 1}"
-        )
-    attn = model.blocks[layer].attention
-    params: dict[str, Any] = {"num_heads": cfg.n_heads, "head_dim": cfg.head_dim}
-    if cfg.position in ("shaw", "deberta", "txl", "rope"):
-        params["scale"] = attn.scale
-    if cfg.position == "t5":
-        params.update(table=model.t5_table[...], max_distance=cfg.t5_max_distance)
-    elif cfg.position == "shaw":
-        params["table"] = attn.table_k[...]
-    elif cfg.position == "deberta":
-        rel_RD = model.rel_norm(model.rel_embed[...])  # as the model's position context builds it
-        params.update(
-            pos_key=jnp.einsum("rd,dnh->rnh", rel_RD, attn.w_kv[...][:, 0]),
-            pos_query=jnp.einsum("rd,dnh->rnh", rel_RD, attn.w_q[...]),
-            bucket_size=cfg.deberta_bucket_size,
-            max_position=cfg.deberta_max_position,
-        )
-    elif cfg.position == "txl":
-        v = attn.v if hasattr(attn, "v") else model.v
-        params.update(w_r=attn.w_r[...], v=v[...], clamp_len=cfg.clamp_len)
-    elif cfg.position == "rope":
-        params.update(
-            base=cfg.rope_base,
-            scaling=cfg.rope_scaling,
-            seq_len=int(np.abs(np.asarray(distances)).max()) + 1,
-            partial_rotary_factor=cfg.rope_fraction,
-            interleaved=cfg.rope_interleaved,
-        )
-    params.update(scheme_params)
-    return position_bias(cfg.position, distances, **params)
+    """``position_bias_from_model`` of a one-layer model of scheme ``position`` whose parameters are
+    seeded standard-normal draws (``init_std`` 1, unless given): the shape of each scheme's term
+    before training. ``model_fields`` are other ``config.model`` fields (``t5_max_distance``,
+    ``shaw_max_distance``, ``clamp_len``, ``rope_scaling``, ``rope_base``, ``untie_r`` …)."""
+    if position not in POSITIONS:
+        raise ValueError(f"position_bias: position={position!r} is invalid; use one of {POSITIONS}")
+    fields = dict(init_std=1.0, **model_fields)
+    config = dict(position=position, n_layers=1, n_heads=num_heads, d_model=num_heads * head_dim)
+    try:
+        model = TransformerLM({**config, "mem_len": 0, **fields}, rngs=nnx.Rngs(seed))
+    except ConfigError as error:
+        raise ValueError(f"position_bias: {error}") from None
+    return position_bias_from_model(model, 0, distances, query=query, key=key, seed=seed)
 
 
 def attention_weights(
