@@ -1,6 +1,6 @@
 """The official Transformer-XL code (kimiyoung/transformer-xl, ``pytorch/``) as a speed peer.
 
-Its code is not part of this project: ``bench/speed.py --official-txl DIR`` takes ``DIR``, the
+Its code is not part of this project: ``python -m bench.speed --official-txl DIR`` takes ``DIR``, the
 ``pytorch`` directory of a checkout of https://github.com/kimiyoung/transformer-xl, and runs its
 ``mem_transformer.MemTransformerLM`` as written (attention type 0: relative attention with the
 global u/v biases, the pad-and-reshape shift, segment-level memory) at the sizes of ours. Two
