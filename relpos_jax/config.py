@@ -22,17 +22,12 @@ from absl import flags
 from flax.core import FrozenDict
 from ml_collections import config_flags
 
-POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "sinusoid", "learned", "deberta", "none")
-RELATIVE_POSITIONS = ("txl", "shaw", "t5", "alibi", "rope", "deberta", "none")
+from relpos_jax import schemes
+from relpos_jax.errors import ConfigError, fail  # noqa: F401  (ConfigError: imported from here)
 
-
-class ConfigError(ValueError):
-    """An invalid config value; the message is one line: field, value, fix."""
-
-
-def fail(field: str, value: Any, fix: str) -> None:
-    shown = " ".join(repr(value).split())  # one line, even for an array or a nested dict
-    raise ConfigError(f"{field}={shown} is invalid; {fix}")
+POSITIONS = schemes.names()  # every registered scheme
+RELATIVE_POSITIONS = tuple(name for name in POSITIONS if schemes.get(name).relative)
+ATTENTION_IMPLS = ("dense", "tiled")
 
 
 def load_config(
@@ -179,12 +174,16 @@ class ModelConfig(_Section):
     deberta_bucket_size: int
     deberta_max_position: int
     dtype: str
+    attention_impl: str
+    key_tile: int
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             fail("model.dtype", self.dtype, "use float32 or bfloat16")
-        if self.position not in POSITIONS:
-            fail("model.position", self.position, f"use one of {', '.join(POSITIONS)}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            fail("model.attention_impl", self.attention_impl, f"use {' or '.join(ATTENTION_IMPLS)}")
+        _at_least("model.key_tile", self.key_tile, 1)
+        schemes.get(self.position)  # an unknown name lists the registered schemes
         for name in (
             "vocab_size",
             "n_layers",
@@ -217,40 +216,7 @@ class ModelConfig(_Section):
             fail("model.rope_fraction", self.rope_fraction, "use a fraction in (0, 1]")
         if self.clamp_len is not None:
             _at_least("model.clamp_len", self.clamp_len, 1)
-        if self.position in ("txl", "sinusoid") and self.d_model % 2:
-            fail("model.d_model", self.d_model, "the sinusoid needs an even d_model")
-        if self.position == "rope":
-            from relpos_jax.positions import rope_inv_freq
-
-            try:
-                rope_inv_freq(
-                    self.head_dim,
-                    self.rope_base,
-                    self.rope_scaling,
-                    partial_rotary_factor=self.rope_fraction,
-                )
-            except ValueError as error:
-                fail(
-                    "model.d_head" if "head_dim" in str(error) else "model.rope_scaling",
-                    self.head_dim if "head_dim" in str(error) else self.rope_scaling,
-                    f"RoPE refused it: {error}",
-                )
-        if self.position == "t5" and self.t5_max_distance <= self.t5_num_buckets // 2:
-            fail(
-                "model.t5_max_distance",
-                self.t5_max_distance,
-                f"it must exceed t5_num_buckets // 2 = {self.t5_num_buckets // 2}",
-            )
-        if self.position == "deberta" and (
-            self.deberta_bucket_size % 2
-            or self.deberta_max_position <= self.deberta_bucket_size // 2 + 1
-        ):
-            fail(
-                "model.deberta_bucket_size",
-                self.deberta_bucket_size,
-                "use an even size below 2·(deberta_max_position − 1)",
-            )
-
+        schemes.get(self.position).validate(self)
         if self.rope_scaling is not None:  # last, so that messages show the dict as given
             frozen = {
                 k: tuple(v) if isinstance(v, list) else v for k, v in self.rope_scaling.items()

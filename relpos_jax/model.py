@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos_jax import memory as memory_lib
-from relpos_jax import positions as P
-from relpos_jax.attention import Attention, PositionContext, normal_param
+from relpos_jax import schemes
+from relpos_jax.attention import Attention, PositionContext
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import Dropout
@@ -157,7 +157,7 @@ class TransformerLM(nnx.Module):
 
     def __init__(self, model_config: Any, *, rngs: nnx.Rngs):
         cfg = self.config = ModelConfig.from_any(model_config)
-        d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+        d = cfg.d_model
         self.embed = nnx.Embed(
             cfg.vocab_size,
             d,
@@ -165,16 +165,8 @@ class TransformerLM(nnx.Module):
             dtype=cfg.dtype,
             rngs=rngs,
         )
-        if cfg.position == "learned":
-            self.position_table = normal_param(rngs, (cfg.max_len, d), cfg.init_std)
-        if cfg.position == "txl" and not cfg.untie_r:
-            self.u = normal_param(rngs, (n, h), cfg.init_std)
-            self.v = normal_param(rngs, (n, h), cfg.init_std)
-        if cfg.position == "t5":  # one bias table shared by all layers, as in T5
-            self.t5_table = normal_param(rngs, (cfg.t5_num_buckets, n), cfg.init_std)
-        if cfg.position == "deberta":  # shared relative embeddings, normalised as in DeBERTa-v2
-            self.rel_embed = normal_param(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std)
-            self.rel_norm = nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs)
+        for name, param in schemes.get(cfg.position).shared_params(cfg, rngs).items():
+            setattr(self, name, param)
         self.drop = Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         if cfg.pre_norm:
@@ -321,14 +313,7 @@ class TransformerLM(nnx.Module):
         return by_key[:, ::-1]  # column d: the key d positions back
 
     def _add_absolute_positions(self, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
-        cfg = self.config
-        if cfg.position == "sinusoid":
-            table = P.sinusoid(q_pos, cfg.d_model)
-        elif cfg.position == "learned":
-            table = P.learned_lookup(self.position_table[...], q_pos)
-        else:
-            return x_BTD
-        return x_BTD + table.astype(x_BTD.dtype)
+        return schemes.get(self.config.position).embed(self, x_BTD, q_pos)
 
     def _position_context(
         self, mems, seg_len, offset, attention_mask, deterministic
@@ -339,54 +324,16 @@ class TransformerLM(nnx.Module):
         origin = mem_len - mems.valid  # the oldest valid key sits at position 0 (+ offset)
         k_pos = jnp.arange(k_len) - origin + offset
         q_pos = k_pos[mem_len:]
-        if attention_mask is None:
-            rel = q_pos[:, None] - k_pos[None, :]
-            mask = rel >= 0
-            if cfg.same_length:  # every query sees itself and the mem_len keys before it
-                mask = mask & (rel <= mem_len)
-        else:
-            if attention_mask.shape != (seg_len, k_len):
-                raise ValueError(
-                    f"TransformerLM: attention_mask.shape={attention_mask.shape} is invalid; "
-                    f"pass [{seg_len}, {k_len}] (segment, memory + segment)"
-                )
-            mask = attention_mask
-        mask = mask & memory_lib.key_validity(mems, seg_len)[None, :]
-        fields: dict[str, Any] = {"q_pos": q_pos, "k_pos": k_pos, "mask": mask}
-        if cfg.position == "txl":
-            r = P.relative_sinusoid(k_len, cfg.d_model, cfg.clamp_len)
-            fields["r_KD"] = self.drop(r, deterministic=deterministic)
-            if not cfg.untie_r:
-                fields["u"], fields["v"] = self.u[...], self.v[...]
-        elif cfg.position == "alibi":
-            fields["bias"] = P.alibi_bias(q_pos, k_pos, P.alibi_slopes(cfg.n_heads))
-        elif cfg.position == "t5":
-            fields["bias"] = P.t5_bias(
-                q_pos,
-                k_pos,
-                self.t5_table[...],
-                bidirectional=False,
-                max_distance=cfg.t5_max_distance,
+        if attention_mask is not None and attention_mask.shape != (seg_len, k_len):
+            raise ValueError(
+                f"TransformerLM: attention_mask.shape={attention_mask.shape} is invalid; "
+                f"pass [{seg_len}, {k_len}] (segment, memory + segment)"
             )
-        elif cfg.position == "deberta":
-            fields["rel_RD"] = self.rel_norm(self.rel_embed[...])
-            fields["rel_index"] = P.deberta_index(
-                q_pos, k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
-            )
-        elif cfg.position == "rope":
-            # Scores depend only on q_pos − k_pos, so queries and keys are rotated by their offsets
-            # in the window (0 … K − 1) instead of their stream positions: the same scores, and a
-            # table that is a constant of the program. (XLA fuses the table into every layer's
-            # rotation, so a table of traced positions costs two cosines per rotated element.)
-            with jax.ensure_compile_time_eval():
-                inv_freq, factor = P.rope_inv_freq(
-                    cfg.head_dim,
-                    cfg.rope_base,
-                    cfg.rope_scaling,
-                    seq_len=k_len,
-                    partial_rotary_factor=cfg.rope_fraction,
-                )
-                dtype = jnp.result_type(float)  # float32; float64 in the x64 reference tests
-                cos, sin = P.rope_cos_sin(jnp.arange(k_len), inv_freq, factor, dtype)
-            fields["rope_k"], fields["rope_q"] = (cos, sin), (cos[mem_len:], sin[mem_len:])
-        return PositionContext(**fields)
+        scheme = schemes.get(cfg.position).context(self, q_pos, k_pos, deterministic)
+        return PositionContext(
+            q_pos,
+            k_pos,
+            mask=attention_mask,
+            key_valid=memory_lib.key_validity(mems, seg_len),
+            scheme=scheme,
+        )

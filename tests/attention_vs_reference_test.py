@@ -85,7 +85,7 @@ def test_txl_attention_matches_the_four_term_formula(
         q_pos=k_pos[mem_len:],
         k_pos=k_pos,
         mask=jnp.asarray(mask),
-        r_KD=P.relative_sinusoid(q_len + mem_len, D, clamp_len),
+        scheme={"r_KD": P.relative_sinusoid(q_len + mem_len, D, clamp_len)},
     )
     window = jnp.concatenate([jnp.asarray(mem), jnp.asarray(x)], axis=1)
     got = attention(jnp.asarray(x), window, ctx, deterministic=True)

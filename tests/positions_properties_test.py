@@ -148,7 +148,7 @@ def test_attention_rotated_by_window_offsets_equals_stream_positions():
         cos, sin = P.rope_cos_sin(k_pos, inv_freq, factor)
         ctx = PositionContext(
             q_pos=k_pos[6:], k_pos=k_pos, mask=k_pos[6:, None] >= k_pos[None, :],
-            rope_q=(cos[6:], sin[6:]), rope_k=(cos, sin),
+            scheme={"q": (cos[6:], sin[6:]), "k": (cos, sin)},
         )  # fmt: skip
         outputs.append(attention(x, window, ctx, deterministic=True))
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=2e-4, atol=2e-4)

@@ -1,94 +1,133 @@
-"""Multi-head attention over a memory window, where the position scheme is a choice.
+"""Multi-head attention over a memory window, where the position scheme is a plug-in.
 
 A segment of T queries attends to K = M + T keys: M memory slots, then the segment itself. The
-scheme plugs in through the hooks it needs; every hook sees explicit positions of queries and keys
-(``rel = q_pos − k_pos``), which is why every scheme is correct across the memory boundary:
+scheme (``relpos_jax.schemes``) plugs in through the hooks it supplies: a q/k transform, the query of
+the content product, a term inside the scaled product, a bias after scaling, and a term on the value
+side. Every logit hook sees one ``Tile`` with explicit positions of queries and keys (``rel = q_pos −
+k_pos``), which is why every scheme is correct across the memory boundary. The dense path is one
+tile covering every key: the reference, and the fastest at short lengths.
 
-=================  ======================================================================
-hook               schemes
-=================  ======================================================================
-input embedding    sinusoid, learned (added by the model, not here)
-rotate q and k     rope (keys rotated by their own positions, memory included)
-logit bias         alibi, t5 (``[N, T, K]``, built once per forward by the model)
-content x position txl (``(q + v)·W_R·R`` via rel_shift, plus ``u·k``), shaw key side,
-                   deberta c2p + p2c
-value side         shaw
-=================  ======================================================================
-
-Transformer-XL: ``A_ij = (q_i + u)ᵀk_j + (q_i + v)ᵀ W_R R_{i−j}``, scaled by 1/√d_head, u and v global
-(shared by all layers, or per layer with ``untie_r``). DeBERTa scales by 1/√(3·d_head).
-Legend: B batch, T queries, M memory, K = M + T keys, N heads, H head dim, D model dim, R table rows.
+Legend: B batch, T queries, M memory, K = M + T keys, N heads, H head dim, D model dim.
 """
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
+import functools
+import types
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from relpos_jax import positions as P
+from relpos_jax import schemes
+from relpos_jax.attention import tiled
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import Dropout
+from relpos_jax.schemes import Tile, normal_param
 
 
 class PositionContext(NamedTuple):
-    """What every layer needs about positions, built once per forward pass by the model."""
+    """What every layer needs about positions, built once per forward pass by the model.
+
+    Query t may attend key k when ``key_valid[k]`` and ``0 ≤ q_pos[t] − k_pos[k]`` (with
+    same_length, at most M = K − T), or, when ``mask [T, K]`` is given, when ``mask[t, k]``.
+    Nothing of size T·K is kept here: the dense path builds the ``[T, K]`` mask (``allowed``), the
+    tiled path a tile's."""
 
     q_pos: jax.Array  # [T] int
     k_pos: jax.Array  # [K] int
-    mask: jax.Array  # [T, K] bool: may query t attend to key k
-    bias: jax.Array | None = None  # [N, T, K] alibi / t5
-    r_KD: jax.Array | None = None  # txl: sinusoid of distances K − 1 … 0 (after dropout)
-    u: jax.Array | None = None  # txl shared content bias [N, H]
-    v: jax.Array | None = None  # txl shared position bias [N, H]
-    rel_RD: jax.Array | None = None  # deberta shared relative embeddings
-    rel_index: jax.Array | None = None  # deberta [T, K] rows of rel_RD
-    rope_q: tuple[jax.Array, jax.Array] | None = None  # rope: (cos, sin) [T, R/2] of the queries
-    rope_k: tuple[jax.Array, jax.Array] | None = None  # and of the keys [K, R/2]
+    mask: jax.Array | None = None  # [T, K] bool: replaces the causal rule (tests, probes)
+    key_valid: jax.Array | None = None  # [K] bool: memory slots that hold states
+    scheme: Any = None  # the scheme's own context (Scheme.context), a pytree
+
+    def tile(self) -> Tile:
+        """The whole window as one tile: the queries are its last T positions."""
+        return Tile(self.q_pos, self.k_pos, self.k_pos.shape[0] - self.q_pos.shape[0], 0)
+
+    def allowed(self, max_distance: int | None) -> jax.Array:
+        """``[T, K]`` bool: which keys each query may attend (the dense path's mask); keys more than
+        ``max_distance`` back are out (same_length)."""
+        if self.mask is not None:
+            allowed = self.mask
+        else:
+            rel = self.q_pos[:, None] - self.k_pos[None, :]
+            allowed = rel >= 0
+            if max_distance is not None:
+                allowed = allowed & (rel <= max_distance)
+        return allowed if self.key_valid is None else allowed & self.key_valid[None, :]
 
 
 def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return precision.einsum(spec, a, b, out_dtype=jnp.float32)
 
 
-def _kv_layout(position: str) -> str:
-    """The axis order of keys and values: ``bnhk`` (each head's keys as columns) where the products
-    and RoPE's rotation read them, ``bknh`` (the window's order) where DeBERTa gathers them by row.
+@functools.cache
+def tiled_hooks(cfg: ModelConfig, memory: int):
+    """The scheme's hooks as the tile callbacks of ``attention.tiled.attend``: ``logit_term`` gives
+    a tile's logits beyond ``scale·q·k`` (the content query's shift, the score term, the bias),
+    ``value_term`` its value side; None where the scheme adds nothing. ``params`` is (the layer's
+    parameters by name, the scheme's context); a tile's window starts (``Tile.q_start``,
+    ``k_start``) follow from its positions, the queries being the window's last T (after
+    ``memory`` slots). Cached per (config, memory): the same callables, so ``attend`` compiles
+    once."""
+    scheme, base = schemes.get(cfg.position), schemes.Scheme
+    overrides = {
+        hook: getattr(type(scheme), hook) is not getattr(base, hook)
+        for hook in ("content_query", "score_term", "bias", "value_term")
+    }
 
-    On a CPU the content logits ``q·kᵀ`` read ``[B, N, H, K]`` keys in place, and the key and value
-    gradients, which the products emit as ``[B, N, H, K]``, reach the key/value projection's
-    backward products without a transposition of single elements (bf16 Transformer-XL training
-    step −3%; RoPE, whose keys are rotated along rows by ``rotate_columns``, −8 to −13%)."""
-    return "bknh" if position == "deberta" else "bnhk"
+    def layer(params):
+        arrays, context = params
+        return types.SimpleNamespace(config=cfg, **arrays), context
 
+    def tile(q_pos_I, k_pos_J) -> Tile:
+        return Tile(q_pos_I, k_pos_J, memory, memory + k_pos_J[0] - q_pos_I[0])
 
-def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
-    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+    def logit_term(params, q_BINH, k_BJNH, q_pos_I, k_pos_J):
+        attention, context = layer(params)
+        k = k_BJNH if scheme.kv_layout == "bknh" else k_BJNH.transpose(0, 2, 3, 1)
+        inside = jnp.zeros((), jnp.float32)
+        if overrides["content_query"]:  # a query shift (txl's u): (q + u)·k = q·k + u·k
+            shift = scheme.content_query(attention, jnp.zeros_like(q_BINH[:1, :1]), context)
+            by_key = jnp.einsum(f"nh,{scheme.kv_layout}->bnk", shift[0, 0], k, precision="highest")
+            inside = by_key[:, :, None, :].astype(jnp.float32)
+        if overrides["score_term"]:
+            inside = inside + scheme.score_term(
+                attention, q_BINH, k, tile(q_pos_I, k_pos_J), context
+            )
+        logits = inside * scale
+        if overrides["bias"]:
+            logits = logits + scheme.bias(attention, tile(q_pos_I, k_pos_J), context)
+        return logits
+
+    def value_term(params, weights_BNIJ, q_pos_I, k_pos_J):
+        attention, context = layer(params)
+        return scheme.value_term(attention, weights_BNIJ, tile(q_pos_I, k_pos_J), context)
+
+    scale = scheme.scale(cfg)
+    adds_logits = overrides["content_query"] or overrides["score_term"] or overrides["bias"]
+    return (logit_term if adds_logits else None), (value_term if overrides["value_term"] else None)
 
 
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
-        self.position = cfg.position
-        self.kv_layout = _kv_layout(cfg.position)
-        self.rope_interleaved = cfg.rope_interleaved
-        self.scale = 1.0 / math.sqrt(h * (3 if cfg.position == "deberta" else 1))
+        self.config = cfg
+        self.scheme = schemes.get(cfg.position)
+        # Keys and values [B, N, H, K] (each head's keys as columns) where the products and RoPE's
+        # rotation read them: on a CPU the content logits q·kᵀ read them in place, and their
+        # gradients reach the projection's backward products without a transposition of single
+        # elements (bf16 Transformer-XL step −3%, RoPE −8 to −13%); [B, K, N, H] where a scheme
+        # gathers keys by row (DeBERTa).
+        self.kv_layout = self.scheme.kv_layout
+        self.scale = self.scheme.scale(cfg)
         self.w_q = normal_param(rngs, (d, n, h), cfg.init_std)
         self.w_kv = normal_param(rngs, (d, 2, n, h), cfg.init_std)  # fused key/value projection
         self.w_o = normal_param(rngs, (n, h, d), cfg.init_std)
-        if cfg.position == "txl":
-            self.w_r = normal_param(rngs, (d, n, h), cfg.init_std)
-            if cfg.untie_r:
-                self.u = normal_param(rngs, (n, h), cfg.init_std)
-                self.v = normal_param(rngs, (n, h), cfg.init_std)
-        if cfg.position == "shaw":
-            rows = 2 * cfg.shaw_max_distance + 1
-            self.table_k = normal_param(rngs, (rows, h), cfg.init_std)
-            self.table_v = normal_param(rngs, (rows, h), cfg.init_std)
+        for name, param in self.scheme.layer_params(cfg, rngs).items():
+            setattr(self, name, param)
         self.dropatt = Dropout(cfg.dropatt, rngs=rngs)
 
     def __call__(
@@ -119,15 +158,36 @@ class Attention(nnx.Module):
 
     def _attend(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
         dtype = q.dtype
-        weights = self._softmax(q, k, ctx)
-        weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
-
-        out = precision.einsum(f"bnqk,{self.kv_layout}->bqnh", weights, v)
-        if self.position == "shaw":
-            out = out + P.shaw_value_output(
-                weights, self.table_v[...].astype(dtype), ctx.q_pos, ctx.k_pos
-            )
+        if self.config.attention_impl == "tiled":
+            out = self._tiled(q, k, v, ctx, deterministic)
+        else:
+            weights = self._softmax(q, k, ctx)
+            weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
+            out = precision.einsum(f"bnqk,{self.kv_layout}->bqnh", weights, v)
+            value_term = self.scheme.value_term(self, weights, ctx.tile(), ctx.scheme)
+            if value_term is not None:
+                out = out + value_term
         return precision.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+
+    def _tiled(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
+        """``attention.tiled.attend`` over key tiles of ``key_tile``: the scheme's hooks on each
+        tile (``tiled_hooks``), nothing of size T·K live, forward or backward."""
+        if self.kv_layout == "bnhk":  # the tiles are cut along K: [B, K, N, H]
+            k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
+        rate = 0.0 if deterministic else self.dropatt.rate
+        key = self.dropatt.rngs[self.dropatt.rng_collection]() if rate else None
+        params = (
+            {n: p[...] for n, p in vars(self).items() if isinstance(p, nnx.Param)},
+            ctx.scheme,
+        )
+        logit_term, value_term = tiled_hooks(self.config, k.shape[1] - q.shape[1])
+        valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
+        return tiled.attend(
+            q, k, v, q_pos=ctx.q_pos, k_pos=ctx.k_pos, key_valid=valid, scale=self.scale,
+            params=params, logit_term=logit_term, value_term=value_term,
+            max_distance=self._max_distance(ctx), mask=ctx.mask, key_tile=self.config.key_tile,
+            dropatt=rate, dropout_key=key,
+        )  # fmt: skip
 
     def probabilities(
         self, x_BTD: jax.Array, window_BKD: jax.Array, ctx: PositionContext
@@ -147,23 +207,33 @@ class Attention(nnx.Module):
     def _queries(self, x_BTD) -> jax.Array:
         return precision.einsum("btd,dnh->btnh", x_BTD, self.w_q[...].astype(x_BTD.dtype))
 
+    def _max_distance(self, ctx: PositionContext) -> int | None:
+        """same_length: each query sees itself and the M = K − T keys before it."""
+        memory = ctx.k_pos.shape[0] - ctx.q_pos.shape[0]
+        return memory if self.config.same_length else None
+
     def _rotate(self, q, k, ctx: PositionContext):
-        if self.position == "rope":
-            q = P.rotate(q, *ctx.rope_q, interleaved=self.rope_interleaved)
-            k = P.rotate_columns(k, *ctx.rope_k, interleaved=self.rope_interleaved)
-        return q, k
+        return self.scheme.rotate(self, q, k, ctx.scheme)
 
     def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
         logits = self._logits(q, k, ctx)
-        logits = jnp.where(ctx.mask, logits, jnp.finfo(logits.dtype).min)
+        logits = jnp.where(
+            ctx.allowed(self._max_distance(ctx)), logits, jnp.finfo(logits.dtype).min
+        )
         return jax.nn.softmax(logits, axis=-1)
 
     def _logits(self, q, k, ctx: PositionContext) -> jax.Array:
         """Scaled logits ``[B, N, T, K]`` with every position term, before the mask."""
-        logits = self._content_and_position_logits(q, k, ctx)
+        scheme, tile = self.scheme, ctx.tile()
+        content_q = scheme.content_query(self, q, ctx.scheme)
+        logits = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
+        term = scheme.score_term(self, q, k, tile, ctx.scheme)
+        if term is not None:
+            logits = logits + term
         logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
-        if ctx.bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
-            logits = precision.add_bias(logits, ctx.bias)
+        bias = scheme.bias(self, tile, ctx.scheme)
+        if bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
+            logits = precision.add_bias(logits, bias)
         return logits
 
     def position_logits(self, q_NH: jax.Array, k_NH: jax.Array, ctx: PositionContext) -> jax.Array:
@@ -180,33 +250,6 @@ class Attention(nnx.Module):
             k = k.transpose(0, 2, 3, 1)
         content = self.scale * _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q, k)
         logits = self._logits(*self._rotate(q, k, ctx), ctx)
-        if self.position != "rope":
+        if not self.scheme.content_carries_positions:
             logits = logits - content
         return logits[0, :, -1]
-
-    def _content_and_position_logits(self, q, k, ctx: PositionContext) -> jax.Array:
-        dtype = q.dtype
-        if self.position == "txl":
-            u = (self.u if hasattr(self, "u") else ctx.u)[...]
-            v = (self.v if hasattr(self, "v") else ctx.v)[...]
-            r_KNH = precision.einsum(
-                "kd,dnh->knh", ctx.r_KD.astype(dtype), self.w_r[...].astype(dtype)
-            )
-            q_u, q_v = precision.add_bias(q, u), precision.add_bias(q, v)
-            content = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q_u, k)
-            return content + P.txl_position_logits(q_v, r_KNH, einsum=_logits_einsum)
-        content = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q, k)
-        if self.position == "shaw":
-            return content + P.shaw_key_logits(
-                q, self.table_k[...].astype(dtype), ctx.q_pos, ctx.k_pos
-            )
-        if self.position == "deberta":
-            rel = ctx.rel_RD.astype(dtype)  # DeBERTa-v3 share_att_key: the content projections
-            pos_key = jnp.einsum("rd,dnh->rnh", rel, self.w_kv[...][:, 0].astype(dtype))
-            pos_query = jnp.einsum("rd,dnh->rnh", rel, self.w_q[...].astype(dtype))
-            return (
-                content
-                + P.deberta_c2p(q, pos_key, ctx.rel_index)
-                + P.deberta_p2c(k, pos_query, ctx.rel_index)
-            )
-        return content

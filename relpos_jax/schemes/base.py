@@ -1,0 +1,136 @@
+"""The plug-in contract of a position scheme, and the registry that names them.
+
+A scheme is one module in this folder that defines a ``Scheme`` subclass and registers it. It
+creates its parameters (shared by every layer, or per layer), derives a per-forward context from the
+explicit positions of the attention window, and supplies only the hooks it needs:
+
+====================  =========================================================================
+hook                  what it gives, and who uses it
+====================  =========================================================================
+``embed``             absolute positions added to the token embeddings (sinusoid, learned)
+``rotate``            a q/k transform from the positions (rope and its scalings)
+``content_query``     the query of the content product ``q·k`` (txl: ``q + u``)
+``score_term``        ``[B, N, I, J]`` added to ``q·k`` inside the scaled product (txl, shaw, deberta)
+``bias``              ``[N, I, J]`` added after scaling (t5, alibi)
+``value_term``        ``[B, I, N, H]`` added to the weighted values (shaw's value side)
+====================  =========================================================================
+
+Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
+positions, so that the dense path (one tile covering every key) and a tiled path (key tiles with an
+online softmax) share the schemes. Relative distance is ``q_pos − k_pos`` (positive: the key is in
+the past). The model, attention and plots name no scheme: they ask the registry.
+
+Legend: B batch, I/J queries/keys of a tile, K keys of the window, N heads, H head dim, D model dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from relpos_jax.errors import fail
+
+
+def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A block of queries against a block of keys of the attention window.
+
+    ``q_pos [I]`` and ``k_pos [J]`` are the positions (traced: they count from the oldest valid key).
+    ``q_start`` and ``k_start`` are where the blocks start in the window (static ints): the tile's
+    distances ``q_start + i − (k_start + j)`` are then known when the program is built, whatever the
+    positions, which is what Transformer-XL's band of ``W_R·R`` rows needs."""
+
+    q_pos: jax.Array
+    k_pos: jax.Array
+    q_start: int
+    k_start: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q_pos.shape[0], self.k_pos.shape[0]
+
+    @property
+    def longest_distance(self) -> int:
+        """The largest ``q − k`` in the tile: last query against first key."""
+        return self.q_start + self.shape[0] - 1 - self.k_start
+
+
+class Scheme:
+    """A position scheme; subclasses override only the hooks they use (the defaults add nothing)."""
+
+    name: ClassVar[str] = ""
+    relative: ClassVar[bool] = True  # what it adds depends on q_pos − k_pos only
+    kv_layout: ClassVar[str] = "bnhk"  # keys/values [B, N, H, K]; "bknh" for row gathers
+    content_carries_positions: ClassVar[bool] = False  # rope: positions act inside q·k itself
+
+    def validate(self, cfg: Any) -> None:
+        """Refuse config values this scheme cannot use, in one line (``config.fail``)."""
+
+    def scale(self, cfg: Any) -> float:
+        return 1.0 / math.sqrt(cfg.head_dim)
+
+    def shared_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
+        """Parameters (or modules) shared by every layer, set on the model under these names."""
+        return {}
+
+    def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
+        """Parameters of one layer, set on its attention under these names."""
+        return {}
+
+    def context(self, model: Any, q_pos: jax.Array, k_pos: jax.Array, deterministic: bool) -> Any:
+        """What every layer needs of the positions, built once per forward pass (a pytree)."""
+        return None
+
+    def embed(self, model: Any, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
+        return x_BTD
+
+    def rotate(self, attention: Any, q, k, context: Any):
+        return q, k
+
+    def content_query(self, attention: Any, q_BINH: jax.Array, context: Any) -> jax.Array:
+        return q_BINH
+
+    def score_term(
+        self, attention: Any, q_BINH: jax.Array, k: jax.Array, tile: Tile, context: Any
+    ) -> jax.Array | None:
+        return None
+
+    def bias(self, attention: Any, tile: Tile, context: Any) -> jax.Array | None:
+        return None
+
+    def value_term(
+        self, attention: Any, weights_BNIJ: jax.Array, tile: Tile, context: Any
+    ) -> jax.Array | None:
+        return None
+
+
+_REGISTRY: dict[str, Scheme] = {}
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+    """Class decorator: make ``cls`` the scheme called ``cls.name``."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"register: scheme name {cls.name!r} is empty or taken")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def names() -> tuple[str, ...]:
+    """Every registered scheme, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Scheme:
+    """The scheme called ``name``; an unknown name lists the registered ones."""
+    if name not in _REGISTRY:
+        fail("model.position", name, f"use one of {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]

@@ -1,0 +1,56 @@
+"""DeBERTa's disentangled attention (He et al. 2021, v2 buckets, v3 ``share_att_key``):
+content-to-position ``q_i·K^r_δ(i,j)`` plus position-to-content ``k_j·Q^r_δ(j,i)``, with the relative
+embeddings (shared by the layers, layer-normalised) projected by each layer's own query and key
+weights; the scores are scaled by ``1/√(3H)``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from relpos_jax import positions as P
+from relpos_jax.errors import fail
+from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
+
+
+@register
+class DeBERTa(Scheme):
+    name = "deberta"
+    kv_layout = "bknh"  # keys gathered by row: the window's order
+
+    def validate(self, cfg: Any) -> None:
+        if (
+            cfg.deberta_bucket_size % 2
+            or cfg.deberta_max_position <= cfg.deberta_bucket_size // 2 + 1
+        ):
+            fail(
+                "model.deberta_bucket_size",
+                cfg.deberta_bucket_size,
+                "use an even size below 2·(deberta_max_position − 1)",
+            )
+
+    def scale(self, cfg: Any) -> float:
+        return 1.0 / math.sqrt(3 * cfg.head_dim)
+
+    def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
+        d = cfg.d_model
+        return {
+            "rel_embed": normal_param(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std),
+            "rel_norm": nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs),
+        }
+
+    def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
+        return {"rel_RD": model.rel_norm(model.rel_embed[...])}
+
+    def score_term(self, attention, q_BINH, k_BJNH, tile: Tile, context):
+        cfg, dtype = attention.config, q_BINH.dtype
+        rel = context["rel_RD"].astype(dtype)  # share_att_key: the content projections
+        pos_key = jnp.einsum("rd,dnh->rnh", rel, attention.w_kv[...][:, 0].astype(dtype))
+        pos_query = jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...].astype(dtype))
+        index = P.deberta_index(
+            tile.q_pos, tile.k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
+        )
+        return P.deberta_c2p(q_BINH, pos_key, index) + P.deberta_p2c(k_BJNH, pos_query, index)

@@ -1,0 +1,32 @@
+"""Shaw, Uszkoreit & Vaswani 2018: learned vectors of the clipped distance on the key and value sides.
+
+``e_ij = q_iᵀ(k_j + a^K_ij)/√H`` and ``z_i = Σ_j α_ij (v_j + a^V_ij)``, each table ``[2k + 1, H]`` per
+layer, shared by the heads; a tile reads the rows of its own distances (``positions.shaw``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relpos_jax import positions as P
+from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
+
+
+@register
+class Shaw(Scheme):
+    name = "shaw"
+
+    def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
+        rows, h = 2 * cfg.shaw_max_distance + 1, cfg.head_dim
+        return {
+            "table_k": normal_param(rngs, (rows, h), cfg.init_std),
+            "table_v": normal_param(rngs, (rows, h), cfg.init_std),
+        }
+
+    def score_term(self, attention, q_BINH, k, tile: Tile, context):
+        table = attention.table_k[...].astype(q_BINH.dtype)
+        return P.shaw_key_logits(q_BINH, table, tile.q_pos, tile.k_pos)
+
+    def value_term(self, attention, weights_BNIJ, tile: Tile, context):
+        table = attention.table_v[...].astype(weights_BNIJ.dtype)
+        return P.shaw_value_output(weights_BNIJ, table, tile.q_pos, tile.k_pos)

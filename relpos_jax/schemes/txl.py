@@ -1,0 +1,98 @@
+"""Transformer-XL (Dai et al. 2019, §3.3): ``A_ij = (q_i + u)ᵀk_j + (q_i + v)ᵀ W_R R_{i−j}``.
+
+R is the sinusoid of the distance (capped at ``clamp_len``), W_R a per-layer projection, u and v
+global biases (one pair per layer with ``untie_r``). A tile's distances form a band: the tile needs
+only those rows of ``R``, projected by W_R, scored against ``q + v`` and slid into place by
+``rel_shift`` — for the dense window (one tile) exactly the paper's fast relative shift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from relpos_jax import positions as P
+from relpos_jax.errors import fail
+from relpos_jax.ops import precision
+from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
+
+
+def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    return precision.einsum(spec, a, b, out_dtype=jnp.float32)
+
+
+@register
+class TransformerXL(Scheme):
+    name = "txl"
+
+    def validate(self, cfg: Any) -> None:
+        if cfg.d_model % 2:
+            fail("model.d_model", cfg.d_model, "the sinusoid needs an even d_model")
+
+    def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
+        if cfg.untie_r:
+            return {}
+        n, h = cfg.n_heads, cfg.head_dim
+        return {
+            "u": normal_param(rngs, (n, h), cfg.init_std),
+            "v": normal_param(rngs, (n, h), cfg.init_std),
+        }
+
+    def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
+        d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+        params = {"w_r": normal_param(rngs, (d, n, h), cfg.init_std)}
+        if cfg.untie_r:
+            params["u"] = normal_param(rngs, (n, h), cfg.init_std)
+            params["v"] = normal_param(rngs, (n, h), cfg.init_std)
+        return params
+
+    def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
+        """``r_KD``: the sinusoid of distances ``K − 1 … 0`` (after dropout, as the official code),
+        and the shared u, v."""
+        cfg = model.config
+        r = P.relative_sinusoid(k_pos.shape[0], cfg.d_model, cfg.clamp_len)
+        context = {"r_KD": model.drop(r, deterministic=deterministic)}
+        if not cfg.untie_r:
+            context["u"], context["v"] = model.u[...], model.v[...]
+        return context
+
+    def _biases(self, attention, context) -> tuple[jax.Array, jax.Array]:
+        if "u" in context:
+            return context["u"], context["v"]
+        return attention.u[...], attention.v[...]
+
+    def content_query(self, attention, q_BINH, context) -> jax.Array:
+        return precision.add_bias(q_BINH, self._biases(attention, context)[0])
+
+    def score_term(self, attention, q_BINH, k, tile: Tile, context) -> jax.Array:
+        """``(q_i + v)ᵀ W_R R_{i−j}`` from the band of R rows the tile's causal distances need."""
+        dtype = q_BINH.dtype
+        r_band = self._band(context["r_KD"], tile)
+        r_LNH = precision.einsum(
+            "ld,dnh->lnh", r_band.astype(dtype), attention.w_r[...].astype(dtype)
+        )
+        q_v = precision.add_bias(q_BINH, self._biases(attention, context)[1])
+        band = P.rel_shift(_logits_einsum("binh,lnh->bnil", q_v, r_LNH))
+        return band[..., : tile.shape[1]]
+
+    @staticmethod
+    def _band(r_KD: jax.Array, tile: Tile) -> jax.Array:
+        """Rows of ``r_KD`` (distances ``K − 1 … 0``) from the tile's largest distance ``d_max``
+        down, as many as ``rel_shift`` reads: rows for distances below 0 only feed masked entries
+        (they repeat distance 0). With a static tile (the dense window) the band stops at the
+        smallest causal distance, at least ``max(I, J)`` rows: for the whole window, all of
+        ``r_KD``. Inside a scan over key tiles ``d_max`` is traced: ``I + J − 1`` rows."""
+        rows, (q_len, k_len) = r_KD.shape[0], tile.shape
+        d_max = tile.longest_distance
+        if isinstance(d_max, int):
+            d_low = max(d_max - (q_len + k_len - 2), 0)
+            length = max(d_max - d_low + 1, q_len, k_len)
+        else:
+            length = q_len + k_len - 1
+        first = rows - 1 - d_max  # the row of distance d_max (0 ≤ d_max ≤ K − 1)
+        if isinstance(first, int) and first + length <= rows:
+            return r_KD[first : first + length]
+        padded = jnp.pad(r_KD, ((0, length), (0, 0)), mode="edge")
+        return jax.lax.dynamic_slice_in_dim(padded, first, length, axis=0)

@@ -1,0 +1,85 @@
+"""The tiled path equals the dense one for every scheme, through the whole model: logits and the
+gradients of every parameter, with memory (full, partly valid, empty), same_length, clamp_len,
+Tq ≠ Tk and a key tile that does not divide the window (``model.attention_impl``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos_jax import ConfigError, TransformerLM
+from relpos_jax.config import POSITIONS
+from relpos_jax.evaluate import with_config
+
+MEM = 9  # window K = 9 + 7 = 16 keys; key tiles of 5 do not divide it
+
+
+def _pair(position, **overrides):
+    """A dense model and the same parameters under the tiled path."""
+    config = dict(
+        position=position, n_layers=2, d_model=32, n_heads=2, d_ff=64, mem_len=MEM,
+        dropout=0.0, init_std=0.1, t5_max_distance=12, t5_num_buckets=8, shaw_max_distance=3,
+        deberta_bucket_size=4, deberta_max_position=16, **overrides,
+    )  # fmt: skip
+    dense = TransformerLM(config, rngs=nnx.Rngs(0))
+    tiled = with_config(
+        dense, dataclasses.replace(dense.config, attention_impl="tiled", key_tile=5)
+    )
+    return dense, tiled
+
+
+def _memory(model, tokens, written: int):
+    """A memory with ``written`` of its slots holding states (0: empty)."""
+    mems = model.init_mems(tokens.shape[0])
+    if written:
+        _, mems = model(tokens[:, :written], mems)
+    assert int(mems.valid) == min(written, MEM)
+    return mems
+
+
+def _compare(dense, tiled, tokens, mems):
+    np.testing.assert_allclose(tiled(tokens, mems)[0], dense(tokens, mems)[0], rtol=1e-5, atol=1e-5)
+
+    def loss(model):
+        return (model(tokens, mems)[0] ** 2).mean()
+
+    want, got = nnx.grad(loss)(dense), nnx.grad(loss)(tiled)
+    for path, a in jax.tree.leaves_with_path(want):
+        b = dict(jax.tree.leaves_with_path(got))[path]
+        scale = float(jnp.abs(a).max()) or 1.0
+        np.testing.assert_allclose(b / scale, a / scale, atol=1e-4, err_msg=str(path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position", POSITIONS)
+def test_tiled_equals_dense_with_a_full_and_a_partly_valid_memory(position):
+    dense, tiled = _pair(position)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 7), 0, 256)
+    for written in (MEM + 3, 4):
+        _compare(dense, tiled, tokens, _memory(dense, tokens.repeat(2, axis=1), written))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position", ["txl", "shaw", "t5", "alibi", "rope", "deberta"])
+def test_tiled_equals_dense_with_same_length_and_clamp_len(position):
+    dense, tiled = _pair(position, same_length=True, clamp_len=4)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 7), 0, 256)
+    _compare(dense, tiled, tokens, _memory(dense, tokens.repeat(2, axis=1), MEM))
+
+
+@pytest.mark.parametrize("position", ["txl", "shaw"])
+def test_tiled_equals_dense_without_memory(position):
+    dense, tiled = _pair(position)
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 0, 256)
+    _compare(dense, tiled, tokens, _memory(dense, tokens, 0))
+
+
+def test_a_bad_attention_impl_or_tile_is_refused_in_one_line():
+    for field, value in (("attention_impl", "flash"), ("key_tile", 0)):
+        with pytest.raises(ConfigError, match=rf"^model\.{field}=.* is invalid; [^\n]+$"):
+            TransformerLM(dict(position="txl", **{field: value}), rngs=nnx.Rngs(0))
