@@ -38,6 +38,11 @@ def tiny_model(position: str, seed: int = 0, **overrides) -> TransformerLM:
     return TransformerLM(config, rngs=nnx.Rngs(seed))
 
 
+def files_under(folder: pathlib.Path) -> list[pathlib.Path]:
+    """Every file below ``folder``, sorted."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
 def logged_losses(workdir):
     return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
 
