@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint demo bench clean
+.PHONY: run test test-peers lint demo bench clean
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -15,6 +15,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n 2 --durations=10
+
+# The tests of the PyTorch peers that bench/ runs beside relpos_jax, which `make test` (and CI) skip:
+# they need the bench extra (CPU PyTorch, x-transformers), installed here into the same venv.
+# OFFICIAL_TXL_DIR=<the pytorch/ folder of a kimiyoung/transformer-xl checkout> adds the official code.
+test-peers: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
+	OFFICIAL_TXL_DIR="$(OFFICIAL_TXL_DIR)" $(PY) -m pytest -n 0 -ra tests/official_txl_test.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

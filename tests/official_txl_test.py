@@ -1,15 +1,24 @@
 """bench/official_txl.py drives the official Transformer-XL code through its interface.
 
-The official code is not part of the project, so a stand-in checkout plays it here: the same
-constructor and ``forward(data, target, *mems) -> [loss] + new_mems``, time-major inputs, a
-``utils/`` module imported by bare name that parses ``torch.version.cuda`` at import, uint8 attention
-masks and u/v biases created uninitialised — each of what the driver has to meet in the real code.
-Each run is its own process: loading patches ``torch.Tensor.masked_fill`` and ``sys.path``.
+The official code is not part of the project (nor downloadable where the tests run), so a stand-in
+checkout plays it here: the same constructor and ``forward(data, target, *mems) -> [loss] +
+new_mems``, time-major inputs, a ``utils/`` module imported by bare name that parses
+``torch.version.cuda`` at import, uint8 attention masks and u/v biases created uninitialised — each
+of what the driver has to meet in the real code. With ``OFFICIAL_TXL_DIR`` set to the ``pytorch/``
+folder of a checkout of https://github.com/kimiyoung/transformer-xl, the same checks also run on the
+official code itself. Each run is its own process: loading patches ``torch.Tensor.masked_fill`` and
+``sys.path``.
+
+These tests need the bench extra (CPU PyTorch), which ``make test`` and CI do not install; ``make
+test-peers`` installs it and runs them (``make test-peers OFFICIAL_TXL_DIR=…/pytorch`` for the real
+code).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -56,8 +65,8 @@ class MemTransformerLM(torch.nn.Module):
 
 DRIVER = """
 import json, sys, torch
-sys.path.insert(0, {bench!r})
-import official_txl
+sys.path.insert(0, {root!r})
+from bench import official_txl
 size = dict(layers=2, d_model=16, heads=2, d_ff=32, seg=6, mem=6, batch=3)
 report = {{}}
 for task in ("train", "eval"):
@@ -87,11 +96,30 @@ def stand_in_checkout(root):
     return pytorch
 
 
+NEEDS_TORCH = "the bench extra (CPU PyTorch) is not installed; run `make test-peers`"
+
+
+def official_checkout() -> pathlib.Path:
+    """The ``pytorch/`` folder named by ``OFFICIAL_TXL_DIR``, or a skip that says how to name one."""
+    directory = os.environ.get("OFFICIAL_TXL_DIR")
+    if not directory:
+        pytest.skip(
+            "OFFICIAL_TXL_DIR is not set; run `make test-peers OFFICIAL_TXL_DIR=<checkout of "
+            "kimiyoung/transformer-xl>/pytorch` to drive the official code itself"
+        )
+    path = pathlib.Path(directory).expanduser()
+    assert (path / "mem_transformer.py").is_file(), (
+        f"OFFICIAL_TXL_DIR={directory}: no mem_transformer.py"
+    )
+    return path
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_official_txl_steps_carry_memory_and_train(tmp_path, dtype):
-    pytest.importorskip("torch", reason="the bench extra (CPU PyTorch) is not installed")
-    directory = stand_in_checkout(tmp_path)
-    script = DRIVER.format(bench=str(ROOT / "bench"), directory=str(directory), dtype=dtype)
+@pytest.mark.parametrize("checkout", ["stand-in", "official"])
+def test_official_txl_steps_carry_memory_and_train(tmp_path, checkout, dtype):
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    directory = stand_in_checkout(tmp_path) if checkout == "stand-in" else official_checkout()
+    script = DRIVER.format(root=str(ROOT), directory=str(directory), dtype=dtype)
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -111,7 +139,8 @@ def test_official_txl_steps_carry_memory_and_train(tmp_path, dtype):
 
 def test_speed_rejects_a_directory_without_the_official_code(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "speed.py"), "--official-txl", str(tmp_path)],
+        [sys.executable, "-m", "bench.speed", "--official-txl", str(tmp_path)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
