@@ -62,6 +62,7 @@ def test_sampling_respects_top_k_and_rng():
 BOUNDED = [(7, 3), (2, 4)]  # (prompt length, mem_len)
 BOUNDED_IDS = ["prompt_longer_than_memory", "memory_fills_while_generating"]
 N_NEW = 10
+ABSOLUTE_POSITIONS = [p for p in POSITIONS if p not in RELATIVE_POSITIONS]
 
 
 @functools.partial(jax.jit, static_argnames="graphdef")
@@ -127,7 +128,7 @@ def test_short_memory_generation_equals_recomputing_the_context_the_memory_holds
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("prompt_len", "mem_len"), BOUNDED, ids=BOUNDED_IDS)
-@pytest.mark.parametrize("position", ["txl", "sinusoid", "learned"])
+@pytest.mark.parametrize("position", ["txl", *ABSOLUTE_POSITIONS])
 def test_short_memory_generation_equals_the_hidden_state_memory_token_by_token(
     position, prompt_len, mem_len
 ):
