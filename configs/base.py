@@ -41,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.deberta_bucket_size = 256
     m.deberta_max_position = 512
     m.dtype = "float32"  # compute dtype: float32 | bfloat16 (parameters stay float32)
-    m.attention_impl = "dense"  # dense: the [T, K] logits at once | tiled: key tiles, online softmax
+    m.attention_impl = (
+        "dense"  # dense: the [T, K] logits at once | tiled: key tiles, online softmax
+    )
     m.key_tile = 512  # tiled: keys per tile (memory linear in the window: T·key_tile per layer)
 
     c.data = d = ml_collections.ConfigDict()
