@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from relpos_jax.config import MeshConfig, fail
 
@@ -86,8 +85,8 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.shar
     return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
-def logical_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = RULES) -> P:
-    return P(*(rules.get(a) if a is not None else None for a in axes))
+def logical_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = RULES) -> jax.P:
+    return jax.P(*(rules.get(a) if a is not None else None for a in axes))
 
 
 def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
@@ -104,14 +103,14 @@ def path_string(path) -> str:
     return "/".join(names[:-1] if names and names[-1] == "value" else names)  # NNX Variable leaves
 
 
-def _fits(spec: P, shape, mesh) -> P:
+def _fits(spec: jax.P, shape, mesh) -> jax.P:
     """Drop mesh axes that do not divide a dimension (e.g. 2 heads on 4 tensor devices)."""
     out = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=False):
         names = (axes,) if isinstance(axes, str) else tuple(axes or ())
         size = math.prod(mesh.shape[n] for n in names)
         out.append(axes if names and dim % size == 0 else None)
-    return P(*out)
+    return jax.P(*out)
 
 
 def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any] = RULES) -> Any:
@@ -126,12 +125,12 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(BATCH, None))
+    return NamedSharding(mesh, jax.P(BATCH, None))
 
 
 def segments_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     """Blocks of consecutive segments ``[S, B, T]``: each segment's rows split like the batch."""
-    return NamedSharding(mesh, P(None, BATCH, None))
+    return NamedSharding(mesh, jax.P(None, BATCH, None))
 
 
 def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
@@ -139,13 +138,13 @@ def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
     from relpos_jax.memory import KeyValueMemory, Memory
 
     if keys_values:  # keys and values [L, B, N, H, M]
-        rows = NamedSharding(mesh, P(None, BATCH, None, None, None))
-        return KeyValueMemory(rows, rows, NamedSharding(mesh, P()))
-    return Memory(NamedSharding(mesh, P(None, BATCH, None, None)), NamedSharding(mesh, P()))
+        rows = NamedSharding(mesh, jax.P(None, BATCH, None, None, None))
+        return KeyValueMemory(rows, rows, NamedSharding(mesh, jax.P()))
+    return Memory(NamedSharding(mesh, jax.P(None, BATCH, None, None)), NamedSharding(mesh, jax.P()))
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
+    return NamedSharding(mesh, jax.P())
 
 
 def check_batch(batch_size: int, mesh: jax.sharding.Mesh, process_count: int) -> None:

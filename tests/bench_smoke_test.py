@@ -108,3 +108,17 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
     assert list(curves) == ["rope, memory 48", "txl, memory 0"]
     assert all([c["distance"] for c in curve] == [8, 32] for curve in curves.values())
     assert (tmp_path / "out" / "probe_needle_schemes.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
+    flags = ["--schemes", "txl,t5", "--windows", "64", "--tile", "16", "--repeats", "1"]
+    result = subprocess.run(
+        bench("tiled_attention", *flags, "--out", str(tmp_path)),
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    cells = json.loads((tmp_path / "tiled_attention.json").read_text())["cells"]
+    assert len(cells) == 8 and all("error" not in c and c["temp_mib"] > 0 for c in cells)
+    table = (tmp_path / "tiled_attention.md").read_text()
+    assert table.count("| txl | 64 |") == 2 and table.count("| t5 | 64 |") == 2

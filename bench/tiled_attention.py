@@ -1,0 +1,171 @@
+"""Dense against tiled attention: memory and time of an evaluation pass and a training step.
+
+    python -m bench.tiled_attention [--schemes txl,shaw,t5,rope] [--windows 512,1024,...]
+
+txl_small sizes (6 layers, d_model 256, 4 heads), batch 1, an attention window of K keys: a segment
+of K/2 tokens after a full memory of K/2. Each cell runs in its own process (``measure.isolated``):
+XLA's temporary memory of the compiled program (``memory_analysis``: what the attention's
+intermediates need, read before anything runs), the process's peak resident memory, and the median
+time of the compiled call. A cell whose temporary memory would not fit ``--max-gib`` is not run and
+reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out``
+(default ``docs/results``) and renders ``tiled_attention.md`` from it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+
+from bench import args as bench_args
+from bench.measure import ROOT, SIZES, isolated, median_seconds, our_model, parse_or_serve
+
+
+def compute(spec: dict) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    half = spec["window"] // 2
+    model = our_model(
+        spec["scheme"], SIZES["small"], mem_len=half, attention_impl=spec["impl"],
+        key_tile=spec["tile"],
+    )  # fmt: skip
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (1, half), 0, 256)
+    graphdef, state = nnx.split(model)
+    training = spec["task"] == "train"
+    mems = model.init_mems(1, keys_values=not training)
+    mems = mems._replace(valid=jnp.asarray(half, jnp.int32))  # a full memory
+
+    def evaluate(state, tokens, mems):
+        return nnx.merge(graphdef, state)(tokens, mems)[0].sum()
+
+    def loss(state, tokens, mems):
+        logits, _ = nnx.merge(graphdef, state)(tokens, mems, deterministic=False)
+        return logits.std()
+
+    step = jax.jit(jax.grad(loss) if training else evaluate)
+    compiled = step.lower(state, tokens, mems).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    if temp > spec["max_bytes"]:
+        return {"temp_mib": temp / 2**20, "seconds": None, "skipped": "out of memory"}
+    seconds = median_seconds(
+        lambda: jax.block_until_ready(compiled(state, tokens, mems)), spec["repeats"], 1
+    )
+    return {"temp_mib": temp / 2**20, "seconds": seconds}
+
+
+def render(results: dict) -> str:
+    s = results["settings"]
+    lines = [
+        "# Dense and tiled attention: memory and time",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"Machine: {s['machine']}; commit {s['commit']}; {s['date']}.",
+        "",
+        "txl_small sizes, batch 1, window K = segment K/2 + full memory K/2; tiles of "
+        f"{s['tile']} keys. *temp*: XLA's temporary memory of the compiled call (MiB); *peak*: the "
+        "process's resident peak (MiB, with JAX itself); *s*: median seconds of the call.",
+        "",
+    ]
+    for task in s["tasks"]:
+        lines += [
+            f"## {'Training step (forward + backward)' if task == 'train' else 'Evaluation pass'}",
+            "",
+            "| scheme | K | dense temp | tiled temp | dense peak | tiled peak | dense s | tiled s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for cell in (c for c in results["cells"] if c["task"] == task and c["impl"] == "dense"):
+            tiled = next(
+                c for c in results["cells"]
+                if c["task"] == task and c["impl"] == "tiled"
+                and (c["scheme"], c["window"]) == (cell["scheme"], cell["window"])
+            )  # fmt: skip
+            row = [cell["scheme"], f"{cell['window']:,}"]
+            row += [_mib(cell, "temp_mib"), _mib(tiled, "temp_mib")]
+            row += [_mib(cell, "peak_mib"), _mib(tiled, "peak_mib")]
+            row += [_seconds(cell), _seconds(tiled)]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _mib(cell: dict, key: str) -> str:
+    if "error" in cell:
+        return "error"
+    if key == "peak_mib" and cell.get("skipped"):
+        return cell["skipped"]
+    return f"{cell[key]:,.0f}"
+
+
+def _seconds(cell: dict) -> str:
+    if "error" in cell or cell.get("seconds") is None:
+        return cell.get("skipped", "error")
+    return f"{cell['seconds']:.3f}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def main() -> None:
+    parser = bench_args.parser(__doc__)
+    bench_args.add_schemes(parser, default=("txl", "shaw", "t5", "rope"))
+    parser.add_argument("--windows", type=bench_args.ints, default="512,1024,2048,4096,8192,16384")
+    parser.add_argument(
+        "--tasks", type=bench_args.listed(choices=("eval", "train")), default="eval,train"
+    )
+    parser.add_argument("--tile", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-gib", type=float, default=16.0)
+    bench_args.add_out(parser)
+    args = parse_or_serve(parser, compute)
+    if args is None:
+        return
+    cells = []
+    for task in args.tasks:
+        for scheme in args.schemes:
+            for window in args.windows:
+                for impl in ("dense", "tiled"):
+                    spec = dict(
+                        scheme=scheme, window=window, impl=impl, task=task, tile=args.tile,
+                        repeats=args.repeats, max_bytes=int(args.max_gib * 2**30),
+                    )  # fmt: skip
+                    cell = {**spec, **isolated("bench.tiled_attention", spec)}
+                    cells.append(cell)
+                    print(json.dumps(cell), flush=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    settings = {
+        "command": "python -m bench.tiled_attention "
+        + " ".join(
+            f"--{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+            for k, v in vars(args).items()
+            if k != "worker"
+        ),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
+        "commit": commit,
+        "date": datetime.date.today().isoformat(),
+        "tasks": list(args.tasks),
+        "tile": args.tile,
+    }
+    results = {"settings": settings, "cells": cells}
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tiled_attention.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "tiled_attention.md").write_text(render(results) + "\n")
+    print(render(results))
+
+
+if __name__ == "__main__":
+    main()
