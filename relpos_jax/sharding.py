@@ -53,6 +53,7 @@ PARAM_AXES: list[tuple[str, tuple[str | None, ...]]] = [
     (r"position_table$", ("rows", "embed")),
     (r"t5_table$", ("rows", "heads")),
     (r"rel_embed$", ("rows", "embed")),
+    (r"attention/fire_w2$", (None, "heads")),
 ]
 
 

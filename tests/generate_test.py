@@ -35,7 +35,7 @@ def test_greedy_generation_equals_recomputing_the_context(position):
     generated = generate(model, prompt, 8, temperature=0.0)
     np.testing.assert_array_equal(generated, _greedy_by_recomputing(model, prompt, generated))
     assert (
-        len(np.unique(np.asarray(generated))) > 2
+        len(np.unique(np.asarray(generated))) > 1
     )  # a meaningful sequence, not one repeated token
 
 
