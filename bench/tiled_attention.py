@@ -35,16 +35,16 @@ def compute(spec: dict) -> dict:
         key_tile=spec["tile"],
     )  # fmt: skip
     tokens = jax.random.randint(jax.random.PRNGKey(0), (1, half), 0, 256)
-    graphdef, state = nnx.split(model)
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)  # differentiate parameters only
     training = spec["task"] == "train"
     mems = model.init_mems(1, keys_values=not training)
     mems = mems._replace(valid=jnp.asarray(half, jnp.int32))  # a full memory
 
     def evaluate(state, tokens, mems):
-        return nnx.merge(graphdef, state)(tokens, mems)[0].sum()
+        return nnx.merge(graphdef, state, rest)(tokens, mems)[0].sum()
 
     def loss(state, tokens, mems):
-        logits, _ = nnx.merge(graphdef, state)(tokens, mems, deterministic=False)
+        logits, _ = nnx.merge(graphdef, state, rest)(tokens, mems, deterministic=False)
         return logits.std()
 
     step = jax.jit(jax.grad(loss) if training else evaluate)
