@@ -44,7 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
     m.attention_impl = (
         "dense"  # dense: the [T, K] logits at once | tiled: key tiles, online softmax
     )
-    m.key_tile = 512  # tiled: keys per tile (memory linear in the window: T·key_tile per layer)
+    m.key_tile = 512  # tiled: keys per tile
+    m.query_tile = 512  # tiled: queries per tile (a layer holds query_tile·key_tile logits a head)
 
     c.data = d = ml_collections.ConfigDict()
     d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | tfds:<name>

@@ -176,6 +176,7 @@ class ModelConfig(_Section):
     dtype: str
     attention_impl: str
     key_tile: int
+    query_tile: int
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
@@ -183,6 +184,7 @@ class ModelConfig(_Section):
         if self.attention_impl not in ATTENTION_IMPLS:
             fail("model.attention_impl", self.attention_impl, f"use {' or '.join(ATTENTION_IMPLS)}")
         _at_least("model.key_tile", self.key_tile, 1)
+        _at_least("model.query_tile", self.query_tile, 1)
         schemes.get(self.position)  # an unknown name lists the registered schemes
         for name in (
             "vocab_size",

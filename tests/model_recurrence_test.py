@@ -45,9 +45,12 @@ def _block_banded_mask(length, mem_len):
     return jnp.asarray((k <= q) & (k >= segment_start - mem_len))
 
 
+@pytest.mark.parametrize("impl", ["dense", "tiled"])
 @pytest.mark.parametrize("position", RELATIVE_POSITIONS)
-def test_recurrence_equals_block_banded_full_pass(position):
-    model = _model(position)
+def test_recurrence_equals_block_banded_full_pass(position, impl):
+    """Tiled: tiles of 3 keys by 3 queries, dividing neither the segment, the memory nor the
+    12-token full pass."""
+    model = _model(position, attention_impl=impl, key_tile=3, query_tile=3)
     tokens = _stream()
     segmented, _ = _segment_by_segment(model, tokens, M)
     full, _ = model(tokens, model.init_mems(B, 0), attention_mask=_block_banded_mask(S * T, M))

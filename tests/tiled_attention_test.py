@@ -110,7 +110,10 @@ def _window(rng, q_len, k_len, *, invalid=0, dtype=jnp.float32):
 
 
 def _attention(scheme, tiled, pos, key_tile, **kw):
-    """``attend`` with the scheme's callbacks: the tile form if ``tiled``, else the per-pair one."""
+    """``attend`` with the scheme's callbacks: the tile form if ``tiled``, else the per-pair one.
+    ``key_tile`` is a number of keys, or (keys, queries) per tile."""
+    if isinstance(key_tile, tuple):
+        key_tile, kw["query_tile"] = key_tile
     _, tile_term, pair_term, value_term = scheme
     logit_term = tile_term if tiled else pair_term
 
@@ -139,7 +142,8 @@ def _out_and_grads(run, compiler_options=FAST_COMPILE):
 
 
 def _compare(rng, scheme, qkv, pos, key_tiles, *, atol_out=1e-5, atol_grad=1e-4, **kw):
-    """Tiled (each of ``key_tiles``, inputs as given) against dense (float32, per-pair term)."""
+    """Tiled (each of ``key_tiles``: keys, or (keys, queries), per tile; inputs as given) against
+    dense (float32, per-pair term)."""
     params = scheme[0]
     qkv32 = [x.astype(jnp.float32) for x in qkv]
     w = jnp.asarray(rng.normal(size=qkv[0].shape), jnp.float32)
@@ -169,16 +173,18 @@ def _compare(rng, scheme, qkv, pos, key_tiles, *, atol_out=1e-5, atol_grad=1e-4,
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_tiled_matches_dense_over_memory(scheme, rng):
     """T = 6 queries against K = 10 keys (4 of memory, the first 3 never written, so tile 0 of
-    size 3 is wholly invalid), same_length's max_distance, tiles of 3 and 4 (not dividing K)."""
+    size 3 is wholly invalid), same_length's max_distance, tiles of 3 and 4 keys (not dividing K),
+    and of 4 keys by 4 queries (not dividing T; tiles past every query's reach are skipped)."""
     qkv, pos = _window(rng, 6, 10, invalid=3)
-    _compare(rng, SCHEMES[scheme](rng), qkv, pos, (3, 4), max_distance=5)
+    _compare(rng, SCHEMES[scheme](rng), qkv, pos, (3, 4, (4, 4)), max_distance=5)
 
 
 @pytest.mark.slow
 def test_tiled_matches_dense_without_memory(rng):
-    """T = K = 7, every key valid, no max_distance; tiles of one key, of 5 and larger than K."""
+    """T = K = 7, every key valid, no max_distance; tiles of one key, of 5 and larger than K, and
+    of 2 keys by 3 queries (the causal upper tiles skipped)."""
     qkv, pos = _window(rng, 7, 7)
-    _compare(rng, SCHEMES["shaw"](rng), qkv, pos, (1, 5, 12))
+    _compare(rng, SCHEMES["shaw"](rng), qkv, pos, (1, 5, 12, (2, 3)))
 
 
 def test_plain_attention_without_params(rng):
@@ -215,9 +221,9 @@ def test_txl_band_matches_per_pair(rng):
     np.testing.assert_allclose(band(params, q, k, pos["q_pos"], pos["k_pos"]), want, atol=1e-5)
     for start in (0, 3, 6, 9):
         k_pos = pos["k_pos"][0] + start + jnp.arange(3)
-        got = band(params, q, k[:, :3], pos["q_pos"], k_pos)
-        ref = per_pair(params, q, k[:, :3], pos["q_pos"], k_pos)
-        np.testing.assert_allclose(got, ref, atol=1e-5)
+        for rows in (slice(0, 6), slice(0, 4), slice(4, 6)):  # every query, or a query tile
+            args = (params, q[:, rows], k[:, :3], pos["q_pos"][rows], k_pos)
+            np.testing.assert_allclose(band(*args), per_pair(*args), atol=1e-5)
 
 
 def test_dense_matches_a_naive_softmax(rng):
@@ -256,7 +262,8 @@ def test_backward_holds_no_T_by_K_buffer(rng):
     scatter included), output and gradients in one ``jit``.
 
     1. The compiled module (after XLA's optimisations) names no array shape with B·N·T·K = 131,072
-       elements or more: its largest is one tile's B·N·T·J = 16,384. Any [B, N, T, K] logits,
+       elements or more: its largest is one tile's B·N·T·J = 16,384; with query tiles of 16 rows,
+       one tile's B·N·I·J or the keys' B·K·N·H. Any [B, N, T, K] logits,
        weights, mask or gradient would show as such a shape, whatever XLA fuses or reorders; the
        same check on the dense path does find one, so the check can fail.
     2. XLA's temp allocation (``memory_analysis``) grows with K only by O(K·N·H) (keys, values and
@@ -265,13 +272,17 @@ def test_backward_holds_no_T_by_K_buffer(rng):
     t_len, tile = 64, 64
     scheme = _shaw_scheme(rng)
     compiled = {}
-    for name, k_len, key_tile in (("tiled", 512, tile), ("dense", 512, None), ("long", 1024, tile)):
+    for name, k_len, key_tile in (
+        ("tiled", 512, tile), ("dense", 512, None), ("long", 1024, tile),
+        ("query tiles", 512, (tile, 16)),
+    ):  # fmt: skip
         (q, k, v), pos = _window(rng, t_len, k_len, invalid=3)
         run = _out_and_grads(_attention(scheme, True, pos, key_tile, max_distance=300), None)
         compiled[name] = run.lower(q, k, v, scheme[0], q).compile()
     big = B * N * t_len * 512
     largest = {name: _largest_array(c.as_text()) for name, c in compiled.items()}
     assert max(largest["tiled"], largest["long"]) <= B * N * t_len * tile, largest
+    assert largest["query tiles"] <= max(B * N * 16 * tile, B * 512 * N * H), largest
     assert largest["dense"] >= big, largest
     temp = {name: c.memory_analysis().temp_size_in_bytes for name, c in compiled.items()}
     assert temp["long"] - temp["tiled"] < 4 * big // 10, temp
@@ -281,15 +292,20 @@ def test_backward_holds_no_T_by_K_buffer(rng):
 # ------------------------------------------------------------------------------------ dropout
 
 
-def _reference_keep(key, rate, q_len, k_len, key_tile):
-    """The documented masks: tile t keeps ``keep_mask(fold_in(key, t), (B, N, T, J), rate)``,
-    tiles side by side over the padded window, cut to K; as float factors (0 or 1/(1 − rate))."""
-    tiles = -(-k_len // key_tile)
-    parts = []
-    for t in range(tiles):
-        keep, factor = keep_mask(jax.random.fold_in(key, t), (B, N, q_len, key_tile), rate)
-        parts.append(jnp.where(keep, factor, 0.0))
-    return jnp.concatenate(parts, axis=-1)[..., :k_len]
+def _reference_keep(key, rate, q_len, k_len, key_tile, query_tile):
+    """The documented masks: tile (i, t) keeps ``keep_mask(fold_in(key, i·n_t + t), (B, N, I, J),
+    rate)``, tiles side by side over the padded window, cut to [T, K]; as float factors (0 or
+    1/(1 − rate))."""
+    tiles, row_tiles = -(-k_len // key_tile), -(-q_len // query_tile)
+    rows = []
+    for i in range(row_tiles):
+        parts = []
+        for t in range(tiles):
+            shape = (B, N, query_tile, key_tile)
+            keep, factor = keep_mask(jax.random.fold_in(key, i * tiles + t), shape, rate)
+            parts.append(jnp.where(keep, factor, 0.0))
+        rows.append(jnp.concatenate(parts, axis=-1))
+    return jnp.concatenate(rows, axis=-2)[..., :q_len, :k_len]
 
 
 def _reference_with_dropout(scheme, pos, keep, max_distance):
@@ -308,16 +324,17 @@ def _reference_with_dropout(scheme, pos, keep, max_distance):
     return run
 
 
-@pytest.mark.parametrize("key_tile", [4, pytest.param(10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("key_tile", [(4, 4), pytest.param(10, marks=pytest.mark.slow)])
 def test_dropout_matches_reference_with_the_same_masks(key_tile, rng):
     """Tiled attention with dropout equals, in value and in gradients (its custom VJP redraws the
     masks), plain autodiff of a straightforward implementation given the documented per-tile
-    masks; with key_tile = K it also equals the dense path's dropout."""
+    masks; with key_tile = K (one query tile) it also equals the dense path's dropout."""
     scheme = _shaw_scheme(rng)
     params = scheme[0]
     (q, k, v), pos = _window(rng, 6, 10, invalid=2)
     key, rate = jax.random.key(7), 0.3
-    keep = _reference_keep(key, rate, 6, 10, key_tile)
+    keys, queries = key_tile if isinstance(key_tile, tuple) else (key_tile, 6)
+    keep = _reference_keep(key, rate, 6, 10, keys, queries)
     assert 0 < float((keep == 0).mean()) < 0.6
     w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
     want, g_want = _out_and_grads(_reference_with_dropout(scheme, pos, keep, 5))(q, k, v, params, w)

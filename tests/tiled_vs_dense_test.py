@@ -1,6 +1,6 @@
 """The tiled path equals the dense one for every scheme, through the whole model: logits and the
 gradients of every parameter, with memory (full, partly valid, empty), same_length, clamp_len,
-Tq ≠ Tk and a key tile that does not divide the window (``model.attention_impl``)."""
+Tq ≠ Tk and tiles that divide neither the segment nor the window (``model.attention_impl``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from relpos_jax import ConfigError, TransformerLM
 from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
 
-MEM = 9  # window K = 9 + 7 = 16 keys; key tiles of 5 do not divide it
+MEM = 9  # window K = 9 + 7 = 16 keys; tiles of 5 keys by 3 queries divide neither length
 
 
 def _pair(position, **overrides):
@@ -28,7 +28,7 @@ def _pair(position, **overrides):
     )  # fmt: skip
     dense = TransformerLM(config, rngs=nnx.Rngs(0))
     tiled = with_config(
-        dense, dataclasses.replace(dense.config, attention_impl="tiled", key_tile=5)
+        dense, dataclasses.replace(dense.config, attention_impl="tiled", key_tile=5, query_tile=3)
     )
     return dense, tiled
 
@@ -91,6 +91,6 @@ def test_tiled_equals_dense_without_memory(position):
 
 
 def test_a_bad_attention_impl_or_tile_is_refused_in_one_line():
-    for field, value in (("attention_impl", "flash"), ("key_tile", 0)):
+    for field, value in (("attention_impl", "flash"), ("key_tile", 0), ("query_tile", -1)):
         with pytest.raises(ConfigError, match=rf"^model\.{field}=.* is invalid; [^\n]+$"):
             TransformerLM(dict(position="txl", **{field: value}), rngs=nnx.Rngs(0))

@@ -164,21 +164,23 @@ class Attention(nnx.Module):
             weights = self._softmax(q, k, ctx)
             weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
             out = precision.einsum(f"bnqk,{self.kv_layout}->bqnh", weights, v)
-            value_term = self.scheme.value_term(self, weights, ctx.tile(), ctx.scheme)
+            context = self._context(ctx, dtype)
+            value_term = self.scheme.value_term(self, weights, ctx.tile(), context)
             if value_term is not None:
                 out = out + value_term
         return precision.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
 
     def _tiled(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
-        """``attention.tiled.attend`` over key tiles of ``key_tile``: the scheme's hooks on each
-        tile (``tiled_hooks``), nothing of size T·K live, forward or backward."""
+        """``attention.tiled.attend`` over tiles of ``query_tile`` queries by ``key_tile`` keys:
+        the scheme's hooks on each tile (``tiled_hooks``), nothing of size T·K live, forward or
+        backward."""
         if self.kv_layout == "bnhk":  # the tiles are cut along K: [B, K, N, H]
             k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
         rate = 0.0 if deterministic else self.dropatt.rate
         key = self.dropatt.rngs[self.dropatt.rng_collection]() if rate else None
         params = (
             {n: p[...] for n, p in vars(self).items() if isinstance(p, nnx.Param)},
-            ctx.scheme,
+            self._context(ctx, q.dtype),
         )
         logit_term, value_term = tiled_hooks(self.config, k.shape[1] - q.shape[1])
         valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
@@ -186,7 +188,7 @@ class Attention(nnx.Module):
             q, k, v, q_pos=ctx.q_pos, k_pos=ctx.k_pos, key_valid=valid, scale=self.scale,
             params=params, logit_term=logit_term, value_term=value_term,
             max_distance=self._max_distance(ctx), mask=ctx.mask, key_tile=self.config.key_tile,
-            dropatt=rate, dropout_key=key,
+            query_tile=self.config.query_tile, dropatt=rate, dropout_key=key,
         )  # fmt: skip
 
     def probabilities(
@@ -212,6 +214,10 @@ class Attention(nnx.Module):
         memory = ctx.k_pos.shape[0] - ctx.q_pos.shape[0]
         return memory if self.config.same_length else None
 
+    def _context(self, ctx: PositionContext, dtype) -> Any:
+        """The scheme's context as this layer's hooks see it (``Scheme.layer_context``)."""
+        return self.scheme.layer_context(self, ctx.scheme, dtype)
+
     def _rotate(self, q, k, ctx: PositionContext):
         return self.scheme.rotate(self, q, k, ctx.scheme)
 
@@ -224,14 +230,14 @@ class Attention(nnx.Module):
 
     def _logits(self, q, k, ctx: PositionContext) -> jax.Array:
         """Scaled logits ``[B, N, T, K]`` with every position term, before the mask."""
-        scheme, tile = self.scheme, ctx.tile()
-        content_q = scheme.content_query(self, q, ctx.scheme)
+        scheme, tile, context = self.scheme, ctx.tile(), self._context(ctx, q.dtype)
+        content_q = scheme.content_query(self, q, context)
         logits = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
-        term = scheme.score_term(self, q, k, tile, ctx.scheme)
+        term = scheme.score_term(self, q, k, tile, context)
         if term is not None:
             logits = logits + term
         logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
-        bias = scheme.bias(self, tile, ctx.scheme)
+        bias = scheme.bias(self, tile, context)
         if bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
             logits = precision.add_bias(logits, bias)
         return logits

@@ -1,7 +1,7 @@
-"""Attention over key tiles with an online softmax: the tile contract of the position schemes.
+"""Attention over tiles with an online softmax: the tile contract of the position schemes.
 
-A position scheme says what it adds to one tile of attention, all queries ``I`` against a block of
-keys ``J``, given their explicit integer positions, through two callbacks:
+A position scheme says what it adds to one tile of attention, a block of queries ``I`` against a
+block of keys ``J``, given their explicit integer positions, through two callbacks:
 
 * ``logit_term(params, q_BINH, k_BJNH, q_pos_I, k_pos_J)`` -> ``[B, N, I, J]`` float32 (or anything
   broadcastable to it), in final logit units: added to ``scale·q·k``;
@@ -14,25 +14,32 @@ when given: Transformer-XL's same_length), or, when ``mask [T, K]`` is given, if
 and ``mask[i, j]``. Masked logits are ``finfo(float32).min`` and their weights exactly 0.
 
 ``key_tile=None``: one tile, plain softmax and plain autodiff, ``[B, N, T, K]`` live (the dense
-reference). ``key_tile=J``: keys padded to a multiple of J (padding invalid; its positions continue
-``k_pos[-1] + 1, …`` so that a tile's positions stay contiguous), then, FlashAttention-2's way:
+reference). ``key_tile=J``: keys padded to a multiple of J and queries to a multiple of
+I = ``query_tile`` (default T: one query tile); padding keys are invalid, padding queries are
+dropped from the output, and padded positions continue ``pos[-1] + 1, …`` so that a tile's
+positions stay contiguous. Then, FlashAttention-2's way, for each query tile:
 
-  forward   scan over tiles t: s = logits(q, k_t) masked; m' = max(m, max_j s); α = e^(m − m');
+  forward   scan over key tiles t: s = logits(q, k_t) masked; m' = max(m, max_j s); α = e^(m − m');
             e = e^(s − m'); l = α·l + Σ_j e; acc = α·acc + drop(e)·v_t + value_term(drop(e));
             out = acc / l, lse = m + log l. Saved: q, k, v, params, out, lse (no [T, K]).
   backward  D = Σ_h dO·out per row (out includes the value term, so Σ_j p_ij dO·(v_j + a_ij) = D);
-            scan over tiles again: s and its VJP by ``jax.vjp`` of the tile's logits (the callbacks'
-            own gradients to q, k_t and params come for free), p = e^(s − lse), dP̃ and dv_t, dparams
-            by ``jax.vjp`` of the tile's output, dp = drop(dP̃), ds = p·(dp − D); dq and dparams
-            are summed over tiles, dk_t and dv_t emitted per tile. Only [B, N, T, J] is live.
+            scan over key tiles again: s and its VJP by ``jax.vjp`` of the tile's logits (the
+            callbacks' own gradients to q, k_t and params come for free), p = e^(s − lse), dP̃ and
+            dv_t, dparams by ``jax.vjp`` of the tile's output, dp = drop(dP̃), ds = p·(dp − D); dq
+            is summed over key tiles, dk, dv and dparams over all tiles.
 
-Dropout (``dropatt > 0``, ``dropout_key`` required) acts on the normalised weights: tile t keeps
-``keep_mask(fold_in(dropout_key, t), (B, N, T, J), dropatt)`` of ``relpos_jax.ops.dropout`` (kept
-weights scaled by ≈1/(1 − rate)), where J = min(key_tile, K) and tile t holds keys ``[tJ, tJ + J)``
-of the padded window; the backward draws the same masks. The dense path draws tile 0 with J = K,
-so ``key_tile=None`` and any ``key_tile ≥ K`` drop the same weights.
+A tile where no query may attend any key (keys in the future of every query, beyond same_length's
+reach, or all invalid) is skipped, forward and backward. Only ``[B, N, I, J]`` is ever live, so the
+memory of a layer grows linearly with T and K.
 
-Legend: B batch, T queries, K keys (memory + segment), I/J query/key tile sizes (I = T here), N heads,
+Dropout (``dropatt > 0``, ``dropout_key`` required) acts on the normalised weights: tile (i, t)
+(query tile i, key tile t) keeps ``keep_mask(fold_in(dropout_key, i·n_t + t), (B, N, I, J),
+dropatt)`` of ``relpos_jax.ops.dropout`` (kept weights scaled by ≈1/(1 − rate)), with ``n_t`` key
+tiles of J = min(key_tile, K) keys; the backward draws the same masks. The dense path draws tile 0
+with I = T and J = K, so ``key_tile=None`` and any ``key_tile ≥ K`` with one query tile drop the
+same weights.
+
+Legend: B batch, T queries, K keys (memory + segment), I/J query/key tile sizes, N heads,
 H head dim.
 """
 
@@ -58,8 +65,10 @@ class _Config(NamedTuple):
     logit_term: Callable | None
     value_term: Callable | None
     max_distance: int | None
-    tile: int
-    num_tiles: int
+    query_tile: int
+    num_query_tiles: int
+    tile: int  # keys per tile
+    num_tiles: int  # key tiles
     rate: float
 
 
@@ -78,6 +87,7 @@ def attend(
     max_distance: int | None = None,
     mask: jax.Array | None = None,
     key_tile: int | None = None,
+    query_tile: int | None = None,
     dropatt: float = 0.0,
     dropout_key: jax.Array | None = None,
 ) -> jax.Array:
@@ -90,36 +100,50 @@ def attend(
         raise ValueError(f"attend: dropatt={dropatt} must be in [0, 1)")
     if dropatt > 0.0 and dropout_key is None:
         raise ValueError("attend: dropatt > 0 needs a dropout_key")
-    if key_tile is not None and key_tile < 1:
-        raise ValueError(f"attend: key_tile={key_tile} must be a positive number of keys")
+    for name, size in (("key_tile", key_tile), ("query_tile", query_tile)):
+        if size is not None and size < 1:
+            raise ValueError(f"attend: {name}={size} must be a positive number of positions")
     if mask is not None and mask.shape != (q_len, k_len):
         raise ValueError(f"attend: mask has shape {mask.shape}, expected {(q_len, k_len)}")
     rate = float(dropatt) if dropout_key is not None else 0.0
     q_pos, k_pos = jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32)
     key_valid = jnp.asarray(key_valid, bool)
     tile = k_len if key_tile is None else min(key_tile, k_len)
-    num_tiles = -(-k_len // tile)
-    cfg = _Config(float(scale), logit_term, value_term, max_distance, tile, num_tiles, rate)
+    rows = q_len if query_tile is None or key_tile is None else min(query_tile, q_len)
+    num_tiles, num_rows = -(-k_len // tile), -(-q_len // rows)
+    cfg = _Config(
+        float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate
+    )
     if key_tile is None:
         return _dense(
             cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key
         )
-    pad = num_tiles * tile - k_len
-    if pad:
-        k_BKNH, v_BKNH = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (k_BKNH, v_BKNH))
-        k_pos = jnp.concatenate([k_pos, k_pos[-1] + 1 + jnp.arange(pad, dtype=jnp.int32)])
-        key_valid = jnp.pad(key_valid, (0, pad))
-        mask = None if mask is None else jnp.pad(mask, ((0, 0), (0, pad)))
-    return _tiled(cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
+    k_BKNH, v_BKNH, k_pos = (_pad(x, num_tiles * tile) for x in (k_BKNH, v_BKNH, k_pos))
+    q_BTNH, q_pos = (_pad(x, num_rows * rows) for x in (q_BTNH, q_pos))
+    key_valid = jnp.pad(key_valid, (0, num_tiles * tile - k_len))
+    if mask is not None:
+        mask = jnp.pad(mask, ((0, num_rows * rows - q_len), (0, num_tiles * tile - k_len)))
+    out = _tiled(cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
+    return out[:, :q_len]
+
+
+def _pad(x: jax.Array, length: int) -> jax.Array:
+    """Positions ``[L]`` continued by ``x[-1] + 1, …``, or ``[B, L, …]`` zero-padded, to ``length``."""
+    pad = length - (x.shape[0] if x.ndim == 1 else x.shape[1])
+    if not pad:
+        return x
+    if x.ndim == 1:
+        return jnp.concatenate([x, x[-1] + 1 + jnp.arange(pad, dtype=x.dtype)])
+    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
 
 
 # ----------------------------------------------------------------------------------- one tile
 
 
-def _allowed(cfg: _Config, q_pos, k_pos_J, valid_J, mask_IJ) -> jax.Array:
+def _allowed(cfg: _Config, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
     """``[I, J]`` bool: may query i attend key j."""
     if mask_IJ is None:
-        rel = q_pos[:, None] - k_pos_J[None, :]
+        rel = q_pos_I[:, None] - k_pos_J[None, :]
         mask_IJ = rel >= 0
         if cfg.max_distance is not None:
             mask_IJ = mask_IJ & (rel <= cfg.max_distance)
@@ -142,11 +166,12 @@ def _values(cfg: _Config, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
     return out
 
 
-def _keep(cfg: _Config, key, t, shape) -> jax.Array | None:
-    """Tile t's dropout factors (0 or the kept scale) ``[B, N, I, J]``, or None without dropout."""
+def _keep(cfg: _Config, key, index, shape) -> jax.Array | None:
+    """Tile ``index``'s dropout factors (0 or the kept scale) ``[B, N, I, J]``, or None without
+    dropout."""
     if cfg.rate == 0.0:
         return None
-    keep, factor = keep_mask(jax.random.fold_in(key, t), shape, cfg.rate)
+    keep, factor = keep_mask(jax.random.fold_in(key, index), shape, cfg.rate)
     return jnp.where(keep, jnp.asarray(factor, F32), jnp.zeros((), F32))
 
 
@@ -160,51 +185,124 @@ def _dense(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax
     return _values(cfg, p, v, params, q_pos, k_pos).astype(q.dtype)
 
 
-# ------------------------------------------------------------------------------- key tiles
+# ------------------------------------------------------------------------------------ tiles
 
 
-def _tile_inputs(cfg: _Config, t, k, v, k_pos, valid, mask):
-    """Tile t's keys, values, key positions, validity and mask columns (padded window)."""
-    start = t * cfg.tile
-    cut = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, start, cfg.tile, axis)  # noqa: E731
-    mask_J = None if mask is None else cut(mask, 1)
-    return cut(k, 1), cut(v, 1), cut(k_pos, 0), cut(valid, 0), mask_J
+def _cut(x: jax.Array, index, size: int, axis: int) -> jax.Array:
+    return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis)
 
 
-def _forward(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
-    """The online softmax over key tiles: ``(out [B, T, N, H] in q's dtype, lse [B, N, T])``."""
-    batch, q_len, heads, head_dim = q.shape
+def _query_tile(cfg: _Config, i, q, q_pos, mask):
+    """Query tile i's queries ``[B, I, N, H]``, positions and mask rows (padded window)."""
+    mask_I = None if mask is None else _cut(mask, i, cfg.query_tile, 0)
+    return _cut(q, i, cfg.query_tile, 1), _cut(q_pos, i, cfg.query_tile, 0), mask_I
+
+
+def _key_tile(cfg: _Config, t, k, v, k_pos, valid, mask_I):
+    """Key tile t's keys, values, key positions, validity and mask columns (padded window)."""
+    mask_IJ = None if mask_I is None else _cut(mask_I, t, cfg.tile, 1)
+    cut = lambda x, axis: _cut(x, t, cfg.tile, axis)  # noqa: E731
+    return cut(k, 1), cut(v, 1), cut(k_pos, 0), cut(valid, 0), mask_IJ
+
+
+def _rows_to_output(x_BNI: jax.Array) -> jax.Array:
+    """A per-row ``[B, N, I]`` as ``[B, I, N, 1]`` (broadcasts against the output)."""
+    return jnp.transpose(x_BNI, (0, 2, 1))[..., None]
+
+
+def _forward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key):
+    """The online softmax of query tile i over the key tiles: ``(out [B, I, N, H] float32,
+    lse [B, N, I])``."""
+    batch, rows, heads, head_dim = q_I.shape
 
     def step(carry, t):
-        m, l, acc = carry
-        k_J, v_J, k_pos_J, valid_J, mask_J = _tile_inputs(cfg, t, k, v, k_pos, valid, mask)
-        allowed = _allowed(cfg, q_pos, k_pos_J, valid_J, mask_J)
-        s = jnp.where(allowed, _logits(cfg, q, k_J, params, q_pos, k_pos_J), NEG)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        alpha = jnp.exp(m - m_new)
-        e = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
-        l = alpha * l + e.sum(axis=-1)
-        keep = _keep(cfg, key, t, e.shape)
-        e = e if keep is None else e * keep
-        acc = acc * _rows_to_output(alpha) + _values(cfg, e, v_J, params, q_pos, k_pos_J)
-        return (m_new, l, acc), None
+        k_J, v_J, k_pos_J, valid_J, mask_IJ = _key_tile(cfg, t, k, v, k_pos, valid, mask_I)
+        allowed = _allowed(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
+
+        def visit(carry):
+            m, l, acc = carry
+            s = jnp.where(allowed, _logits(cfg, q_I, k_J, params, q_pos_I, k_pos_J), NEG)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            alpha = jnp.exp(m - m_new)
+            e = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
+            l = alpha * l + e.sum(axis=-1)
+            keep = _keep(cfg, key, i * cfg.num_tiles + t, e.shape)
+            e = e if keep is None else e * keep
+            acc = acc * _rows_to_output(alpha) + _values(cfg, e, v_J, params, q_pos_I, k_pos_J)
+            return m_new, l, acc
+
+        return jax.lax.cond(allowed.any(), visit, lambda carry: carry, carry), None
 
     init = (
-        jnp.full((batch, heads, q_len), NEG, F32),
-        jnp.zeros((batch, heads, q_len), F32),
-        jnp.zeros((batch, q_len, heads, head_dim), F32),
+        jnp.full((batch, heads, rows), NEG, F32),
+        jnp.zeros((batch, heads, rows), F32),
+        jnp.zeros((batch, rows, heads, head_dim), F32),
     )
     (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
     some = l > 0  # every real query row has an allowed key; guard the others against 0/0
     l_safe = jnp.where(some, l, 1.0)
-    out = acc / _rows_to_output(l_safe)
-    lse = jnp.where(some, m + jnp.log(l_safe), 0.0)
-    return out.astype(q.dtype), lse
+    return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), 0.0)
 
 
-def _rows_to_output(x_BNT: jax.Array) -> jax.Array:
-    """A per-row ``[B, N, T]`` as ``[B, T, N, 1]`` (broadcasts against the output)."""
-    return jnp.transpose(x_BNT, (0, 2, 1))[..., None]
+def _forward(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
+    """Every query tile: ``(out [B, T, N, H] in q's dtype, lse [B, N, T])``."""
+    batch, q_len, heads, _ = q.shape
+
+    def rows(i):
+        q_I, q_pos_I, mask_I = _query_tile(cfg, i, q, q_pos, mask)
+        return _forward_rows(cfg, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key)
+
+    out, lse = jax.lax.map(rows, jnp.arange(cfg.num_query_tiles))  # [n_i, B, I, …]
+    out = jnp.moveaxis(out, 0, 1).reshape(q.shape).astype(q.dtype)
+    lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, q_len)
+    return out, lse
+
+
+def _backward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows_I, residuals):
+    """Query tile i's share of the gradients: ``dq_I`` and, per key tile, ``dk_J, dv_J`` (all
+    float32), and ``dparams`` summed over its key tiles."""
+    k, v, params, k_pos, valid, key = residuals
+    to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(F32), tree)  # noqa: E731
+
+    def step(carry, t):
+        k_J, v_J, k_pos_J, valid_J, mask_IJ = _key_tile(cfg, t, k, v, k_pos, valid, mask_I)
+        allowed = _allowed(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
+
+        def visit(carry):
+            dq, dparams = carry
+            s, logits_vjp = jax.vjp(
+                lambda q_, k_, prm: _logits(cfg, q_, k_, prm, q_pos_I, k_pos_J), q_I, k_J, params
+            )
+            p = jnp.where(allowed, jnp.exp(s - lse_I[..., None]), 0.0)
+            keep = _keep(cfg, key, i * cfg.num_tiles + t, p.shape)
+            p_dropped = p if keep is None else p * keep
+            _, values_vjp = jax.vjp(
+                lambda p_, v_, prm: _values(cfg, p_, v_, prm, q_pos_I, k_pos_J),
+                p_dropped, v_J, params,
+            )  # fmt: skip
+            dp, dv_J, dparams_v = values_vjp(d_out_I)
+            dp = dp if keep is None else dp * keep
+            ds = p * (dp - d_rows_I[..., None])
+            dq_t, dk_J, dparams_s = logits_vjp(ds)
+            dparams = jax.tree.map(
+                lambda a, b, c: a + b + c, dparams, to_f32(dparams_s), to_f32(dparams_v)
+            )
+            return (dq + dq_t.astype(F32), dparams), (dk_J.astype(F32), dv_J.astype(F32))
+
+        def skip(carry):
+            zeros = jnp.zeros(k_J.shape, F32)
+            return carry, (zeros, zeros)
+
+        return jax.lax.cond(allowed.any(), visit, skip, carry)
+
+    init = (jnp.zeros(q_I.shape, F32), jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params))
+    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
+    return dq_I, _untile(dk, k.shape), _untile(dv, v.shape), dparams
+
+
+def _untile(x_tBJNH: jax.Array, shape) -> jax.Array:
+    """Per-tile ``[n_tiles, B, J, N, H]`` -> ``[B, n_tiles·J, N, H]``."""
+    return jnp.moveaxis(x_tBJNH, 0, 1).reshape(shape)
 
 
 def _tiled_fwd(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
@@ -216,41 +314,31 @@ def _tiled_bwd(cfg: _Config, residuals, d_out):
     q, k, v, params, q_pos, k_pos, valid, mask, key, out, lse = residuals
     d_out = d_out.astype(F32)
     d_rows = jnp.einsum("binh,binh->bni", d_out, out.astype(F32))  # D_i = dO_i · O_i
-    to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(F32), tree)  # noqa: E731
+    shared = (k, v, params, k_pos, valid, key)
 
-    def step(carry, t):
-        dq, dparams = carry
-        k_J, v_J, k_pos_J, valid_J, mask_J = _tile_inputs(cfg, t, k, v, k_pos, valid, mask)
-        allowed = _allowed(cfg, q_pos, k_pos_J, valid_J, mask_J)
-        s, logits_vjp = jax.vjp(
-            lambda q_, k_, prm: _logits(cfg, q_, k_, prm, q_pos, k_pos_J), q, k_J, params
+    def rows(carry, i):
+        dk, dv, dparams = carry
+        q_I, q_pos_I, mask_I = _query_tile(cfg, i, q, q_pos, mask)
+        lse_I, d_rows_I = (_cut(x, i, cfg.query_tile, 2) for x in (lse, d_rows))
+        d_out_I = _cut(d_out, i, cfg.query_tile, 1)
+        dq_I, dk_i, dv_i, dparams_i = _backward_rows(
+            cfg, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows_I, shared
         )
-        p = jnp.where(allowed, jnp.exp(s - lse[..., None]), 0.0)
-        keep = _keep(cfg, key, t, p.shape)
-        p_dropped = p if keep is None else p * keep
-        _, values_vjp = jax.vjp(
-            lambda p_, v_, prm: _values(cfg, p_, v_, prm, q_pos, k_pos_J), p_dropped, v_J, params
-        )
-        dp, dv_J, dparams_v = values_vjp(d_out)
-        dp = dp if keep is None else dp * keep
-        ds = p * (dp - d_rows[..., None])
-        dq_t, dk_J, dparams_s = logits_vjp(ds)
-        dq = dq + dq_t.astype(F32)
-        dparams = jax.tree.map(
-            lambda a, b, c: a + b + c, dparams, to_f32(dparams_s), to_f32(dparams_v)
-        )
-        return (dq, dparams), (dk_J, dv_J)
+        dparams = jax.tree.map(jnp.add, dparams, dparams_i)
+        return (dk + dk_i, dv + dv_i, dparams), dq_I
 
-    init = (jnp.zeros(q.shape, F32), jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params))
-    (dq, dparams), (dk, dv) = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
-    dk, dv = (_untile(x, k.shape) for x in (dk, dv))
+    init = (
+        jnp.zeros(k.shape, F32),
+        jnp.zeros(v.shape, F32),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
+    )
+    (dk, dv, dparams), dq = jax.lax.scan(rows, init, jnp.arange(cfg.num_query_tiles))
+    dq = _untile(dq, q.shape)
     dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
-    return dq.astype(q.dtype), dk, dv, dparams, None, None, None, None, None
-
-
-def _untile(x_tBJNH: jax.Array, shape) -> jax.Array:
-    """Per-tile ``[num_tiles, B, J, N, H]`` -> ``[B, K, N, H]``."""
-    return jnp.moveaxis(x_tBJNH, 0, 1).reshape(shape)
+    return (
+        dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams,
+        None, None, None, None, None,
+    )  # fmt: skip
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

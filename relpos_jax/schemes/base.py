@@ -13,6 +13,7 @@ hook                  what it gives, and who uses it
 ``score_term``        ``[B, N, I, J]`` added to ``q·k`` inside the scaled product (txl, shaw, deberta)
 ``bias``              ``[N, I, J]`` added after scaling (t5, alibi)
 ``value_term``        ``[B, I, N, H]`` added to the weighted values (shaw's value side)
+``layer_context``     what a layer computes once before its tiles (txl: ``W_R·R``)
 ====================  =========================================================================
 
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
@@ -89,6 +90,13 @@ class Scheme:
     def context(self, model: Any, q_pos: jax.Array, k_pos: jax.Array, deterministic: bool) -> Any:
         """What every layer needs of the positions, built once per forward pass (a pytree)."""
         return None
+
+    def layer_context(self, attention: Any, context: Any, dtype: Any) -> Any:
+        """What one layer derives once from its parameters and the forward's context, before any
+        tile, in the compute ``dtype`` (the queries'): the logit and value hooks see this as their
+        ``context``. Linear in K at most (Transformer-XL: ``W_R·R`` for every distance, not once
+        per tile)."""
+        return context
 
     def embed(self, model: Any, x_BTD: jax.Array, q_pos: jax.Array) -> jax.Array:
         return x_BTD

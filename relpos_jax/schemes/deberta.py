@@ -45,11 +45,18 @@ class DeBERTa(Scheme):
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
         return {"rel_RD": model.rel_norm(model.rel_embed[...])}
 
+    def layer_context(self, attention, context, dtype) -> dict[str, Any]:
+        """The relative embeddings projected by the layer's own key and query weights
+        (share_att_key), once per layer."""
+        rel = context["rel_RD"].astype(dtype)
+        return {
+            "pos_key": jnp.einsum("rd,dnh->rnh", rel, attention.w_kv[...][:, 0].astype(dtype)),
+            "pos_query": jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...].astype(dtype)),
+        }
+
     def score_term(self, attention, q_BINH, k_BJNH, tile: Tile, context):
-        cfg, dtype = attention.config, q_BINH.dtype
-        rel = context["rel_RD"].astype(dtype)  # share_att_key: the content projections
-        pos_key = jnp.einsum("rd,dnh->rnh", rel, attention.w_kv[...][:, 0].astype(dtype))
-        pos_query = jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...].astype(dtype))
+        cfg = attention.config
+        pos_key, pos_query = context["pos_key"], context["pos_query"]
         index = P.deberta_index(
             tile.q_pos, tile.k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
         )

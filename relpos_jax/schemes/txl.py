@@ -1,9 +1,10 @@
 """Transformer-XL (Dai et al. 2019, §3.3): ``A_ij = (q_i + u)ᵀk_j + (q_i + v)ᵀ W_R R_{i−j}``.
 
 R is the sinusoid of the distance (capped at ``clamp_len``), W_R a per-layer projection, u and v
-global biases (one pair per layer with ``untie_r``). A tile's distances form a band: the tile needs
-only those rows of ``R``, projected by W_R, scored against ``q + v`` and slid into place by
-``rel_shift`` — for the dense window (one tile) exactly the paper's fast relative shift.
+global biases (one pair per layer with ``untie_r``). Each layer projects every distance once
+(``W_R·R``, ``[K, N, H]``); a tile's distances form a band: the tile needs only those rows, scored
+against ``q + v`` and slid into place by ``rel_shift`` — for the dense window (one tile) exactly the
+paper's fast relative shift.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class TransformerXL(Scheme):
             context["u"], context["v"] = model.u[...], model.v[...]
         return context
 
+    def layer_context(self, attention, context, dtype) -> dict[str, Any]:
+        """``r_KNH = R·W_R``, the layer's projection of every distance's sinusoid, once per layer
+        (a tile reads its band of rows)."""
+        r_KD, w_r = context["r_KD"].astype(dtype), attention.w_r[...].astype(dtype)
+        return {**context, "r_KNH": precision.einsum("kd,dnh->knh", r_KD, w_r)}
+
     def _biases(self, attention, context) -> tuple[jax.Array, jax.Array]:
         if "u" in context:
             return context["u"], context["v"]
@@ -68,23 +75,19 @@ class TransformerXL(Scheme):
 
     def score_term(self, attention, q_BINH, k, tile: Tile, context) -> jax.Array:
         """``(q_i + v)ᵀ W_R R_{i−j}`` from the band of R rows the tile's causal distances need."""
-        dtype = q_BINH.dtype
-        r_band = self._band(context["r_KD"], tile)
-        r_LNH = precision.einsum(
-            "ld,dnh->lnh", r_band.astype(dtype), attention.w_r[...].astype(dtype)
-        )
+        r_LNH = self._band(context["r_KNH"], tile)
         q_v = precision.add_bias(q_BINH, self._biases(attention, context)[1])
         band = P.rel_shift(_logits_einsum("binh,lnh->bnil", q_v, r_LNH))
         return band[..., : tile.shape[1]]
 
     @staticmethod
-    def _band(r_KD: jax.Array, tile: Tile) -> jax.Array:
-        """Rows of ``r_KD`` (distances ``K − 1 … 0``) from the tile's largest distance ``d_max``
+    def _band(r_K: jax.Array, tile: Tile) -> jax.Array:
+        """Rows of ``r_K`` (distances ``K − 1 … 0``) from the tile's largest distance ``d_max``
         down, as many as ``rel_shift`` reads: rows for distances below 0 only feed masked entries
         (they repeat distance 0). With a static tile (the dense window) the band stops at the
         smallest causal distance, at least ``max(I, J)`` rows: for the whole window, all of
-        ``r_KD``. Inside a scan over key tiles ``d_max`` is traced: ``I + J − 1`` rows."""
-        rows, (q_len, k_len) = r_KD.shape[0], tile.shape
+        ``r_K``. Inside the scans over tiles ``d_max`` is traced: ``I + J − 1`` rows."""
+        rows, (q_len, k_len) = r_K.shape[0], tile.shape
         d_max = tile.longest_distance
         if isinstance(d_max, int):
             d_low = max(d_max - (q_len + k_len - 2), 0)
@@ -93,6 +96,9 @@ class TransformerXL(Scheme):
             length = q_len + k_len - 1
         first = rows - 1 - d_max  # the row of distance d_max (0 ≤ d_max ≤ K − 1)
         if isinstance(first, int) and first + length <= rows:
-            return r_KD[first : first + length]
-        padded = jnp.pad(r_KD, ((0, length), (0, 0)), mode="edge")
-        return jax.lax.dynamic_slice_in_dim(padded, first, length, axis=0)
+            return r_K[first : first + length]
+        # Padded tiles reach past the window both ways: padding keys below distance 0, padding
+        # queries beyond K − 1. Their rows repeat the edge and feed only entries that are masked
+        # or dropped.
+        padded = jnp.pad(r_K, ((length, length),) + ((0, 0),) * (r_K.ndim - 1), mode="edge")
+        return jax.lax.dynamic_slice_in_dim(padded, first + length, length, axis=0)
