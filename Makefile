@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-peers lint demo bench clean
+.PHONY: run test test-bench test-peers lint demo bench clean
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -14,7 +14,12 @@ run: $(STAMP)
 # Command 2: set up and run the test suite (pytest's own exit code: 5, no tests, fails too).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n 2 --durations=10
+	$(PY) -m pytest -n 2 --durations=10 -m "not bench"
+
+# The end-to-end runs of the benchmark scripts that `make test` leaves out (minutes of compiling in
+# the fresh process every benchmark cell starts); the cheap ones run in `make test` too.
+test-bench: $(STAMP)
+	$(PY) -m pytest -n 2 -ra -m bench tests/bench_smoke_test.py
 
 # The tests of the PyTorch peers that bench/ runs beside relpos_jax, which `make test` (and CI) skip:
 # they need the bench extra (CPU PyTorch, x-transformers), installed here into the same venv.

@@ -1,14 +1,18 @@
 """Dense against tiled attention: memory and time of an evaluation pass and a training step.
 
-    python -m bench.tiled_attention [--schemes txl,shaw,t5,rope] [--windows 512,1024,...]
+    python -m bench.tiled_attention [--schemes txl,shaw,t5,rope] [--eval-windows 512,...,32768]
+        [--train-windows 512,...,16384]
 
 txl_small sizes (6 layers, d_model 256, 4 heads), batch 1, an attention window of K keys: a segment
-of K/2 tokens after a full memory of K/2. Each cell runs in its own process (``measure.isolated``):
+of K/2 tokens after a full memory of K/2; tiles of ``--query-tile`` queries by ``--tile`` keys. Each
+cell runs in its own process (``measure.isolated``):
 XLA's temporary memory of the compiled program (``memory_analysis``: what the attention's
 intermediates need, read before anything runs), the process's peak resident memory, and the median
 time of the compiled call. A cell whose temporary memory would not fit ``--max-gib`` is not run and
 reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out``
-(default ``docs/results``) and renders ``tiled_attention.md`` from it.
+(default ``docs/results``) and renders ``tiled_attention.md`` from it, with the checks: tiled peak
+memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k (≤ 1/8), tiled over
+dense time at 1k (≤ 1.3×).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def compute(spec: dict) -> dict:
     half = spec["window"] // 2
     model = our_model(
         spec["scheme"], SIZES["small"], mem_len=half, attention_impl=spec["impl"],
-        key_tile=spec["tile"],
+        key_tile=spec["tile"], query_tile=spec["query_tile"],
     )  # fmt: skip
     tokens = jax.random.randint(jax.random.PRNGKey(0), (1, half), 0, 256)
     graphdef, state, rest = nnx.split(model, nnx.Param, ...)  # differentiate parameters only
@@ -67,8 +71,9 @@ def render(results: dict) -> str:
         f"Machine: {s['machine']}; commit {s['commit']}; {s['date']}.",
         "",
         "txl_small sizes, batch 1, window K = segment K/2 + full memory K/2; tiles of "
-        f"{s['tile']} keys. *temp*: XLA's temporary memory of the compiled call (MiB); *peak*: the "
-        "process's resident peak (MiB, with JAX itself); *s*: median seconds of the call.",
+        f"{s['query_tile']} queries by {s['tile']} keys. *temp*: XLA's temporary memory of the "
+        "compiled call (MiB); *peak*: the process's resident peak (MiB, with JAX itself); *s*: "
+        "median seconds of the call.",
         "",
     ]
     for task in s["tasks"]:
@@ -90,7 +95,42 @@ def render(results: dict) -> str:
             row += [_seconds(cell), _seconds(tiled)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _checks(results["cells"]))
+
+
+def _checks(cells: list[dict]) -> list[str]:
+    """The targets, each as measured: linear tiled memory, the 8k memory ratio, the 1k time."""
+
+    def value(task, scheme, window, impl, key):
+        for c in cells:
+            if (c["task"], c["scheme"], c["window"], c["impl"]) == (task, scheme, window, impl):
+                return c.get(key) if "error" not in c and not c.get("skipped") else None
+        return None
+
+    lines = [
+        "## Checks",
+        "",
+        "| task | scheme | tiled peak 16k / 8k (≤ 2.2) | tiled / dense temp at 8k (≤ 0.125) "
+        "| tiled / dense time at 1k (≤ 1.3) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for task, scheme in dict.fromkeys((c["task"], c["scheme"]) for c in cells):
+        ratios = []
+        for (w1, i1, k1), (w2, i2, k2) in (
+            ((16384, "tiled", "peak_mib"), (8192, "tiled", "peak_mib")),
+            ((8192, "tiled", "temp_mib"), (8192, "dense", "temp_mib")),
+            ((1024, "tiled", "seconds"), (1024, "dense", "seconds")),
+        ):
+            a, b = value(task, scheme, w1, i1, k1), value(task, scheme, w2, i2, k2)
+            if k2 == "temp_mib" and b is None:  # dense did not run: its compiled temp still says
+                b = next(
+                    (c.get("temp_mib") for c in cells
+                     if (c["task"], c["scheme"], c["window"], c["impl"]) == (task, scheme, w2, i2)),
+                    None,
+                )  # fmt: skip
+            ratios.append("–" if a is None or not b else f"{a / b:.3f}")
+        lines.append(f"| {task} | {scheme} | " + " | ".join(ratios) + " |")
+    return [*lines, ""]
 
 
 def _mib(cell: dict, key: str) -> str:
@@ -120,11 +160,14 @@ def _cpu_model() -> str:
 def main() -> None:
     parser = bench_args.parser(__doc__)
     bench_args.add_schemes(parser, default=("txl", "shaw", "t5", "rope"))
-    parser.add_argument("--windows", type=bench_args.ints, default="512,1024,2048,4096,8192,16384")
+    windows = "512,1024,2048,4096,8192,16384"
+    parser.add_argument("--eval-windows", type=bench_args.ints, default=windows + ",32768")
+    parser.add_argument("--train-windows", type=bench_args.ints, default=windows)
     parser.add_argument(
         "--tasks", type=bench_args.listed(choices=("eval", "train")), default="eval,train"
     )
-    parser.add_argument("--tile", type=int, default=512)
+    parser.add_argument("--tile", type=int, default=512, help="keys per tile")
+    parser.add_argument("--query-tile", type=int, default=512, help="queries per tile")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-gib", type=float, default=16.0)
     bench_args.add_out(parser)
@@ -132,13 +175,16 @@ def main() -> None:
     if args is None:
         return
     cells = []
-    for task in args.tasks:
+    windows_of = {"eval": args.eval_windows, "train": args.train_windows}
+    tasks = {task: windows_of[task] for task in args.tasks}
+    for task, task_windows in tasks.items():
         for scheme in args.schemes:
-            for window in args.windows:
+            for window in task_windows:
                 for impl in ("dense", "tiled"):
                     spec = dict(
                         scheme=scheme, window=window, impl=impl, task=task, tile=args.tile,
-                        repeats=args.repeats, max_bytes=int(args.max_gib * 2**30),
+                        query_tile=args.query_tile, repeats=args.repeats,
+                        max_bytes=int(args.max_gib * 2**30),
                     )  # fmt: skip
                     cell = {**spec, **isolated("bench.tiled_attention", spec)}
                     cells.append(cell)
@@ -156,8 +202,9 @@ def main() -> None:
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
         "commit": commit,
         "date": datetime.date.today().isoformat(),
-        "tasks": list(args.tasks),
+        "tasks": list(tasks),
         "tile": args.tile,
+        "query_tile": args.query_tile,
     }
     results = {"settings": settings, "cells": cells}
     out = pathlib.Path(args.out)

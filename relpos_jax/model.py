@@ -53,8 +53,11 @@ class FeedForward(nnx.Module):
             dot_general=precision.dot_general,
             rngs=rngs,
         )
-        self.up = dense(cfg.d_model, cfg.d_ff)
-        self.down = dense(cfg.d_ff, cfg.d_model)
+        self.up = dense(
+            cfg.d_model, cfg.d_ff,
+            kernel_metadata={"axes": ("embed", "mlp")}, bias_metadata={"axes": ("mlp",)},
+        )  # fmt: skip
+        self.down = dense(cfg.d_ff, cfg.d_model, kernel_metadata={"axes": ("mlp", "embed")})
         self.drop = Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
@@ -162,6 +165,7 @@ class TransformerLM(nnx.Module):
             cfg.vocab_size,
             d,
             embedding_init=nnx.initializers.normal(cfg.init_std),
+            embedding_metadata={"axes": ("vocab", "embed")},
             dtype=cfg.dtype,
             rngs=rngs,
         )
@@ -176,6 +180,8 @@ class TransformerLM(nnx.Module):
                 d,
                 cfg.vocab_size,
                 kernel_init=nnx.initializers.normal(cfg.init_std),
+                kernel_metadata={"axes": ("embed", "vocab")},
+                bias_metadata={"axes": ("vocab",)},
                 dtype=cfg.dtype,
                 dot_general=precision.dot_general,
                 rngs=rngs,

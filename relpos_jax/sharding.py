@@ -1,21 +1,22 @@
 """Device mesh, logical axis rules and the shardings of parameters, optimizer state and batches.
 
 The mesh has three axes: ``data`` (batch rows), ``fsdp`` (batch rows, and parameters split along
-their model dimension), ``tensor`` (heads and the feed-forward dimension). Every parameter is named
-by logical axes (``embed``, ``heads``, ``head_dim``, ``mlp``, ``vocab``, …); ``RULES`` maps each logical
-axis to mesh axes, and can be overridden. Batches and the segment memory are split over the batch
+their model dimension), ``tensor`` (heads and the feed-forward dimension). Every parameter names its
+dimensions by logical axes (``embed``, ``heads``, ``head_dim``, ``mlp``, ``vocab``, …) where it is
+created (its ``axes`` metadata: the model, the attention, each scheme's own parameters); ``RULES``
+maps each logical axis to mesh axes, and can be overridden. Batches and the segment memory are split over the batch
 axes. Axis sizes of -1 take the devices left; a mesh that does not fit the devices fails with one line.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 
 from relpos_jax.config import MeshConfig, fail
@@ -35,27 +36,6 @@ RULES: dict[str, Any] = {
     "layers": None,
     "rows": None,  # rows of relative-position tables
 }
-
-# parameter (by the last names of its path) -> logical axes of its dimensions
-PARAM_AXES: list[tuple[str, tuple[str | None, ...]]] = [
-    (r"attention/w_q$", ("embed", "heads", "head_dim")),
-    (r"attention/w_kv$", ("embed", None, "heads", "head_dim")),
-    (r"attention/w_o$", ("heads", "head_dim", "embed")),
-    (r"attention/w_r$", ("embed", "heads", "head_dim")),
-    (r"(^|/)(u|v)$", ("heads", "head_dim")),
-    (r"attention/table_(k|v)$", ("rows", "head_dim")),
-    (r"feed_forward/up/kernel$", ("embed", "mlp")),
-    (r"feed_forward/up/bias$", ("mlp",)),
-    (r"feed_forward/down/kernel$", ("mlp", "embed")),
-    (r"embed/embedding$", ("vocab", "embed")),
-    (r"head/kernel$", ("embed", "vocab")),
-    (r"head/bias$", ("vocab",)),
-    (r"position_table$", ("rows", "embed")),
-    (r"t5_table$", ("rows", "heads")),
-    (r"rel_embed$", ("rows", "embed")),
-    (r"attention/fire_w2$", (None, "heads")),
-]
-
 
 def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
     sizes = [cfg.data, cfg.fsdp, cfg.tensor]
@@ -90,12 +70,12 @@ def logical_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = RULES) -
     return jax.P(*(rules.get(a) if a is not None else None for a in axes))
 
 
-def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
-    """Logical axes of the parameter (or optimizer moment) at ``path``; replicated if unknown."""
-    for pattern, axes in PARAM_AXES:
-        if re.search(pattern, path) and len(axes) == ndim:
-            return axes
-    return (None,) * ndim
+def param_axes(variable: Any) -> tuple[str | None, ...]:
+    """The logical axes a parameter (or an optimizer moment, which inherits its parameter's
+    metadata) was created with: ``axes`` metadata, set where the model or a scheme creates it;
+    replicated if it has none (norms, scalars)."""
+    shape = getattr(variable, "shape", ())
+    return getattr(variable, "axes", None) or (None,) * len(shape)
 
 
 def path_string(path) -> str:
@@ -115,14 +95,15 @@ def _fits(spec: jax.P, shape, mesh) -> jax.P:
 
 
 def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any] = RULES) -> Any:
-    """A NamedSharding for every leaf of a (model, optimizer) state by its path's logical axes."""
+    """A NamedSharding for every variable of a (model, optimizer) state by its logical axes."""
 
-    def one(path, leaf):
-        shape = getattr(leaf, "shape", ())
-        spec = logical_spec(param_axes(path_string(path), len(shape)), rules)
-        return NamedSharding(mesh, _fits(spec, shape, mesh))
+    def one(variable):
+        if not isinstance(variable, nnx.Variable):  # a bare array: replicated
+            return NamedSharding(mesh, jax.P())
+        spec = logical_spec(param_axes(variable), rules)
+        return variable.replace(NamedSharding(mesh, _fits(spec, variable.shape, mesh)))
 
-    return jax.tree_util.tree_map_with_path(one, state)
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:

@@ -1,5 +1,6 @@
 """The benchmarks stay runnable: each runs once at toy sizes (``python -m bench.<name>``) and prints
-its table."""
+its table. Those marked ``bench`` (several minutes together, most of it compiling in the fresh
+processes each benchmark cell starts) run with ``make test-bench``, not in ``make test``."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_bench_positions_runs():
     assert len(rows) == 2, result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     config, _ = tiny
     sets = [
@@ -67,7 +68,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_speed_benchmarks_run():
     """Toy sizes; x-transformers cells may say error where the bench extra is not installed."""
     runs = {
@@ -89,7 +90,7 @@ def test_speed_benchmarks_run():
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_bench_probes_runs_every_scheme(tiny, tmp_path):
     config, _ = tiny
     sets = [
@@ -112,7 +113,8 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
-    flags = ["--schemes", "txl,t5", "--windows", "64", "--tile", "16", "--repeats", "1"]
+    flags = ["--schemes", "txl,t5", "--eval-windows", "64", "--train-windows", "64"]
+    flags += ["--tile", "16", "--query-tile", "8", "--repeats", "1"]
     result = subprocess.run(
         bench("tiled_attention", *flags, "--out", str(tmp_path)),
         capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -122,3 +124,4 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     assert len(cells) == 8 and all("error" not in c and c["temp_mib"] > 0 for c in cells)
     table = (tmp_path / "tiled_attention.md").read_text()
     assert table.count("| txl | 64 |") == 2 and table.count("| t5 | 64 |") == 2
+    assert "| eval | txl |" in table and "| train | t5 |" in table  # the checks

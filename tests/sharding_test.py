@@ -79,10 +79,13 @@ def test_every_large_parameter_has_logical_axes(position):
         ),
         rngs=nnx.Rngs(0),
     )
-    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]:
+    params = nnx.state(model, nnx.Param)
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    for path, variable in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_variable)[0]:
         name = sharding.path_string(path)
-        axes = sharding.param_axes(name, leaf.ndim)
-        if leaf.ndim >= 2 or name.endswith(("/u", "/v", "up/bias", "head/bias")):
+        axes = sharding.param_axes(variable)
+        assert len(axes) == variable.ndim, name
+        if variable.ndim >= 2 or name.endswith(("/u", "/v", "up/bias", "head/bias")):
             assert any(a is not None for a in axes), name
 
 

@@ -123,9 +123,11 @@ class Attention(nnx.Module):
         # gathers keys by row (DeBERTa).
         self.kv_layout = self.scheme.kv_layout
         self.scale = self.scheme.scale(cfg)
-        self.w_q = normal_param(rngs, (d, n, h), cfg.init_std)
-        self.w_kv = normal_param(rngs, (d, 2, n, h), cfg.init_std)  # fused key/value projection
-        self.w_o = normal_param(rngs, (n, h, d), cfg.init_std)
+        std = cfg.init_std
+        self.w_q = normal_param(rngs, (d, n, h), std, ("embed", "heads", "head_dim"))
+        # the fused key/value projection
+        self.w_kv = normal_param(rngs, (d, 2, n, h), std, ("embed", None, "heads", "head_dim"))
+        self.w_o = normal_param(rngs, (n, h, d), std, ("heads", "head_dim", "embed"))
         for name, param in self.scheme.layer_params(cfg, rngs).items():
             setattr(self, name, param)
         self.dropatt = Dropout(cfg.dropatt, rngs=rngs)

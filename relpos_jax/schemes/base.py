@@ -37,8 +37,14 @@ from flax import nnx
 from relpos_jax.errors import fail
 
 
-def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
-    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+def normal_param(
+    rngs: nnx.Rngs, shape: tuple[int, ...], std: float, axes: tuple[str | None, ...]
+) -> nnx.Param:
+    """A float32 parameter drawn from N(0, std²), its dimensions named by logical ``axes``
+    (``sharding.RULES`` maps them onto the mesh; None: never split)."""
+    if len(axes) != len(shape):
+        raise ValueError(f"normal_param: axes {axes} do not name the {len(shape)} dimensions")
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32), axes=axes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,9 @@ class DeBERTa(Scheme):
     def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
         d = cfg.d_model
         return {
-            "rel_embed": normal_param(rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std),
+            "rel_embed": normal_param(
+                rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std, ("rows", "embed")
+            ),
             "rel_norm": nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs),
         }
 

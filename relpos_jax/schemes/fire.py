@@ -34,9 +34,9 @@ class Fire(Scheme):
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
         n, std = cfg.n_heads, cfg.init_std
         return {
-            "fire_w1": normal_param(rngs, (HIDDEN,), 1.0),  # a scalar input: unit scale
+            "fire_w1": normal_param(rngs, (HIDDEN,), 1.0, (None,)),  # a scalar input: unit scale
             "fire_b1": nnx.Param(jnp.zeros((HIDDEN,), jnp.float32)),
-            "fire_w2": normal_param(rngs, (HIDDEN, n), std),
+            "fire_w2": normal_param(rngs, (HIDDEN, n), std, (None, "heads")),
             "fire_b2": nnx.Param(jnp.zeros((n,), jnp.float32)),
             "fire_c": nnx.Param(jnp.asarray(INIT_C, jnp.float32)),
             "fire_L": nnx.Param(jnp.asarray(INIT_L, jnp.float32)),

@@ -15,7 +15,8 @@ class Learned(Scheme):
     relative = False
 
     def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
-        return {"position_table": normal_param(rngs, (cfg.max_len, cfg.d_model), cfg.init_std)}
+        shape = (cfg.max_len, cfg.d_model)
+        return {"position_table": normal_param(rngs, shape, cfg.init_std, ("rows", "embed"))}
 
     def embed(self, model, x_BTD, q_pos):
         return x_BTD + P.learned_lookup(model.position_table[...], q_pos).astype(x_BTD.dtype)

@@ -19,8 +19,8 @@ class Shaw(Scheme):
     def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
         rows, h = 2 * cfg.shaw_max_distance + 1, cfg.head_dim
         return {
-            "table_k": normal_param(rngs, (rows, h), cfg.init_std),
-            "table_v": normal_param(rngs, (rows, h), cfg.init_std),
+            "table_k": normal_param(rngs, (rows, h), cfg.init_std, ("rows", "head_dim")),
+            "table_v": normal_param(rngs, (rows, h), cfg.init_std, ("rows", "head_dim")),
         }
 
     def score_term(self, attention, q_BINH, k, tile: Tile, context):

@@ -23,7 +23,8 @@ class T5(Scheme):
             )
 
     def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
-        return {"t5_table": normal_param(rngs, (cfg.t5_num_buckets, cfg.n_heads), cfg.init_std)}
+        shape = (cfg.t5_num_buckets, cfg.n_heads)
+        return {"t5_table": normal_param(rngs, shape, cfg.init_std, ("rows", "heads"))}
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
         return {"table": model.t5_table[...]}

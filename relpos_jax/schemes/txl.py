@@ -37,16 +37,18 @@ class TransformerXL(Scheme):
             return {}
         n, h = cfg.n_heads, cfg.head_dim
         return {
-            "u": normal_param(rngs, (n, h), cfg.init_std),
-            "v": normal_param(rngs, (n, h), cfg.init_std),
+            "u": normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim")),
+            "v": normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim")),
         }
 
     def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
         d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
-        params = {"w_r": normal_param(rngs, (d, n, h), cfg.init_std)}
+        params = {
+            "w_r": normal_param(rngs, (d, n, h), cfg.init_std, ("embed", "heads", "head_dim"))
+        }
         if cfg.untie_r:
-            params["u"] = normal_param(rngs, (n, h), cfg.init_std)
-            params["v"] = normal_param(rngs, (n, h), cfg.init_std)
+            params["u"] = normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim"))
+            params["v"] = normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim"))
         return params
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
