@@ -37,6 +37,7 @@ RULES: dict[str, Any] = {
     "rows": None,  # rows of relative-position tables
 }
 
+
 def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
     sizes = [cfg.data, cfg.fsdp, cfg.tensor]
     free = [i for i, s in enumerate(sizes) if s == -1]
