@@ -147,6 +147,10 @@ def _seconds(cell: dict) -> str:
     return f"{cell['seconds']:.3f}"
 
 
+def _flag_value(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def _cpu_model() -> str:
     try:
         for line in open("/proc/cpuinfo"):
@@ -195,9 +199,9 @@ def main() -> None:
     settings = {
         "command": "python -m bench.tiled_attention "
         + " ".join(
-            f"--{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+            f"--{k.replace('_', '-')}={_flag_value(v)}"
             for k, v in vars(args).items()
-            if k != "worker"
+            if k not in ("worker", "out")
         ),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
         "commit": commit,
