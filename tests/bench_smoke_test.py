@@ -113,7 +113,7 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
-    flags = ["--schemes", "txl,t5", "--eval-windows", "64", "--train-windows", "64"]
+    flags = ["--schemes", "txl", "--eval-windows", "64", "--train-windows", "64"]
     flags += ["--tile", "16", "--query-tile", "8", "--repeats", "1"]
     result = subprocess.run(
         bench("tiled_attention", *flags, "--out", str(tmp_path)),
@@ -121,7 +121,7 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     cells = json.loads((tmp_path / "tiled_attention.json").read_text())["cells"]
-    assert len(cells) == 8 and all("error" not in c and c["temp_mib"] > 0 for c in cells)
+    assert len(cells) == 4 and all("error" not in c and c["temp_mib"] > 0 for c in cells)
     table = (tmp_path / "tiled_attention.md").read_text()
-    assert table.count("| txl | 64 |") == 2 and table.count("| t5 | 64 |") == 2
-    assert "| eval | txl |" in table and "| train | t5 |" in table  # the checks
+    assert table.count("| txl | 64 |") == 2  # an evaluation row and a training row
+    assert "| eval | txl |" in table and "| train | txl |" in table  # the checks

@@ -23,7 +23,9 @@ WORKER = pathlib.Path(__file__).resolve().parent / "sharding_worker.py"
 def _worker(devices: int, *args, timeout=600) -> subprocess.Popen:
     env = {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        # the devices, after the suite's own flags (conftest: compile faster)
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+        f"--xla_force_host_platform_device_count={devices}",
         "JAX_PLATFORMS": "cpu",
     }
     return subprocess.Popen(
