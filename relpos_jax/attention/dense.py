@@ -68,8 +68,9 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
     """The scheme's hooks as the tile callbacks of ``attention.tiled.attend``: ``logit_term`` gives
     a tile's logits beyond ``scale·q·k`` (the content query's shift, the score term, the bias),
     ``value_term`` its value side; None where the scheme adds nothing. ``params`` is (the layer's
-    parameters by name, the scheme's context); a tile's window starts (``Tile.q_start``,
-    ``k_start``) follow from its positions, the queries being the window's last T (after
+    parameters by name, the layer's context: ``Scheme.layer_context``); of a tile's window starts
+    (``Tile.q_start``, ``k_start``) only their difference matters, and it follows from the
+    positions (``q_start`` is set as if the tile's first query were the segment's first, after
     ``memory`` slots). Cached per (config, memory): the same callables, so ``attend`` compiles
     once."""
     scheme, base = schemes.get(cfg.position), schemes.Scheme

@@ -52,9 +52,10 @@ class Tile:
     """A block of queries against a block of keys of the attention window.
 
     ``q_pos [I]`` and ``k_pos [J]`` are the positions (traced: they count from the oldest valid key).
-    ``q_start`` and ``k_start`` are where the blocks start in the window (static ints): the tile's
-    distances ``q_start + i − (k_start + j)`` are then known when the program is built, whatever the
-    positions, which is what Transformer-XL's band of ``W_R·R`` rows needs."""
+    ``q_start`` and ``k_start`` are where the blocks start in the window: static ints for the dense
+    window, so that the tile's distances ``q_start + i − (k_start + j)`` are known when the program
+    is built, whatever the positions (Transformer-XL's band of ``W_R·R`` rows is then a static
+    slice); traced inside the tiled path's scans over tiles."""
 
     q_pos: jax.Array
     k_pos: jax.Array
