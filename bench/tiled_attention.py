@@ -102,9 +102,12 @@ def _checks(cells: list[dict]) -> list[str]:
     """The targets, each as measured: linear tiled memory, the 8k memory ratio, the 1k time."""
 
     def value(task, scheme, window, impl, key):
+        """The cell's ``key``; None if it is missing or failed. A skipped (out of memory) cell
+        has only its compiled temporary memory."""
         for c in cells:
             if (c["task"], c["scheme"], c["window"], c["impl"]) == (task, scheme, window, impl):
-                return c.get(key) if "error" not in c and not c.get("skipped") else None
+                usable = "error" not in c and (not c.get("skipped") or key == "temp_mib")
+                return c.get(key) if usable else None
         return None
 
     lines = [
@@ -122,12 +125,6 @@ def _checks(cells: list[dict]) -> list[str]:
             ((1024, "tiled", "seconds"), (1024, "dense", "seconds")),
         ):
             a, b = value(task, scheme, w1, i1, k1), value(task, scheme, w2, i2, k2)
-            if k2 == "temp_mib" and b is None:  # dense did not run: its compiled temp still says
-                b = next(
-                    (c.get("temp_mib") for c in cells
-                     if (c["task"], c["scheme"], c["window"], c["impl"]) == (task, scheme, w2, i2)),
-                    None,
-                )  # fmt: skip
             ratios.append("–" if a is None or not b else f"{a / b:.3f}")
         lines.append(f"| {task} | {scheme} | " + " | ".join(ratios) + " |")
     return [*lines, ""]

@@ -164,10 +164,10 @@ class Attention(nnx.Module):
         if self.config.attention_impl == "tiled":
             out = self._tiled(q, k, v, ctx, deterministic)
         else:
-            weights = self._softmax(q, k, ctx)
+            context = self._context(ctx, dtype)  # once: the logits and the value side
+            weights = self._softmax(q, k, ctx, context)
             weights = self.dropatt(weights, deterministic=deterministic).astype(dtype)
             out = precision.einsum(f"bnqk,{self.kv_layout}->bqnh", weights, v)
-            context = self._context(ctx, dtype)
             value_term = self.scheme.value_term(self, weights, ctx.tile(), context)
             if value_term is not None:
                 out = out + value_term
@@ -199,7 +199,7 @@ class Attention(nnx.Module):
     ) -> jax.Array:
         """The attention probabilities ``[B, N, T, K]`` (before dropout): what ``viz`` draws."""
         q, k, _ = self._project(x_BTD, window_BKD, ctx)
-        return self._softmax(q, k, ctx)
+        return self._softmax(q, k, ctx, self._context(ctx, q.dtype))
 
     def _project(self, x_BTD, window_BKD, ctx: PositionContext):
         """q ``[B, T, N, H]``; k and v laid out as ``self.kv_layout``."""
@@ -224,16 +224,17 @@ class Attention(nnx.Module):
     def _rotate(self, q, k, ctx: PositionContext):
         return self.scheme.rotate(self, q, k, ctx.scheme)
 
-    def _softmax(self, q, k, ctx: PositionContext) -> jax.Array:
-        logits = self._logits(q, k, ctx)
+    def _softmax(self, q, k, ctx: PositionContext, context) -> jax.Array:
+        logits = self._logits(q, k, ctx, context)
         logits = jnp.where(
             ctx.allowed(self._max_distance(ctx)), logits, jnp.finfo(logits.dtype).min
         )
         return jax.nn.softmax(logits, axis=-1)
 
-    def _logits(self, q, k, ctx: PositionContext) -> jax.Array:
-        """Scaled logits ``[B, N, T, K]`` with every position term, before the mask."""
-        scheme, tile, context = self.scheme, ctx.tile(), self._context(ctx, q.dtype)
+    def _logits(self, q, k, ctx: PositionContext, context) -> jax.Array:
+        """Scaled logits ``[B, N, T, K]`` with every position term, before the mask; ``context``
+        is the layer's (``_context``)."""
+        scheme, tile = self.scheme, ctx.tile()
         content_q = scheme.content_query(self, q, context)
         logits = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
         term = scheme.score_term(self, q, k, tile, context)
@@ -258,7 +259,7 @@ class Attention(nnx.Module):
         if self.kv_layout == "bnhk":
             k = k.transpose(0, 2, 3, 1)
         content = self.scale * _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q, k)
-        logits = self._logits(*self._rotate(q, k, ctx), ctx)
+        logits = self._logits(*self._rotate(q, k, ctx), ctx, self._context(ctx, q.dtype))
         if not self.scheme.content_carries_positions:
             logits = logits - content
         return logits[0, :, -1]
