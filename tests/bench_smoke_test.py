@@ -111,7 +111,15 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
     assert (tmp_path / "out" / "probe_needle_schemes.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+def test_the_committed_tiled_attention_table_is_rendered_from_its_json():
+    from bench import tiled_attention
+
+    results = json.loads((ROOT / "docs/results/tiled_attention.json").read_text())
+    rendered = tiled_attention.render(results) + "\n"
+    assert rendered == (ROOT / "docs/results/tiled_attention.md").read_text()
+
+
+@pytest.mark.bench
 def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     flags = ["--schemes", "txl", "--eval-windows", "64", "--train-windows", "64"]
     flags += ["--tile", "16", "--query-tile", "8", "--repeats", "1"]

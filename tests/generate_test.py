@@ -20,6 +20,7 @@ def _model(position):
     return tiny_model(position, seed=3, mem_len=4, init_std=0.5)
 
 
+@nnx.jit
 def _greedy_by_recomputing(model, prompt, generated):
     """What greedy recomputation of the full context picks at each step. The model is causal (tested
     through gradients), so one pass over prompt + generated gives every step's full-context logits."""
@@ -72,22 +73,28 @@ def _last_token_greedy(graphdef, state, tokens, mems):
     return jnp.argmax(logits[:, -1], axis=-1), mems
 
 
+@nnx.jit
+def _greedy_under_mask(model, stream, mask):
+    """Every position's greedy pick in one pass over ``stream`` where query i sees the keys
+    ``mask[i]`` allows (a traced mask: one compile for every memory length)."""
+    logits, _ = model(stream, model.init_mems(stream.shape[0], 0), attention_mask=mask)
+    return jnp.argmax(logits, axis=-1)
+
+
 def _greedy_from_bounded_contexts(model, prompt, generated, mem_len):
-    """Token by token, what the model picks when given, from scratch (no memory), exactly the context
-    a memory of ``mem_len`` slots holds: the whole prompt for the first token (it is one segment),
-    then the fed token and the ``mem_len`` tokens before it. Teacher-forced on ``generated``, so each
-    step is checked on its own."""
-    graphdef, state = nnx.split(model)
-    batch, prompt_len = prompt.shape
+    """Token by token, what the model picks when given exactly the context a memory of ``mem_len``
+    slots holds: the whole prompt for the first token (it is one segment), then the fed token and
+    the ``mem_len`` tokens before it. Teacher-forced on ``generated``, so each step is checked on
+    its own. One layer and a relative scheme: a query sees nothing but its allowed keys and their
+    distances, so one pass over the stream with each query's context as its mask row is the model
+    run from scratch on each context (block-banded masks equal recomputation:
+    model_recurrence_test)."""
+    prompt_len = prompt.shape[1]
     stream = jnp.concatenate([prompt, generated], axis=1)
-    picks = []
-    for end in range(prompt_len, stream.shape[1]):  # stream[:, end - 1] is the token fed last
-        start = 0 if end == prompt_len else max(0, end - 1 - mem_len)
-        pick, _ = _last_token_greedy(
-            graphdef, state, stream[:, start:end], model.init_mems(batch, 0)
-        )
-        picks.append(pick)
-    return jnp.stack(picks, axis=1)
+    query, key = np.arange(stream.shape[1])[:, None], np.arange(stream.shape[1])[None, :]
+    start = np.where(query < prompt_len, 0, np.maximum(query - mem_len, 0))
+    mask = jnp.asarray((key <= query) & (key >= start))
+    return _greedy_under_mask(model, stream, mask)[:, prompt_len - 1 : -1]
 
 
 def _greedy_with_hidden_state_memory(model, prompt, n, mem_len):

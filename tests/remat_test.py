@@ -15,8 +15,12 @@ from tests.helpers import tiny_model
 def _loss_and_grads(remat: bool, position: str):
     model = tiny_model(position, remat=remat, dropout=0.2, dropatt=0.1)
     tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 256)
-    mems = model.init_mems(2)
-    _, mems = model(tokens[:, :8], mems)  # a full memory, so the window crosses the boundary
+    return _compiled_loss_and_grads(model, tokens)
+
+
+@nnx.jit
+def _compiled_loss_and_grads(model, tokens):
+    _, mems = model(tokens[:, :8], model.init_mems(2))  # a full memory: the window crosses it
 
     def loss_fn(model):
         logits, new_mems = model(tokens[:, :8], mems, deterministic=False)

@@ -27,7 +27,7 @@ def tiny_config(workdir: pathlib.Path, mesh=(-1, 1, 1)):
     if not corpus.exists():
         corpus.write_text("".join(f"line {i}: value = {i * 7 % 13}\n" for i in range(3000)))
     config = load_config(ROOT / "configs" / "txl_small.py")
-    config.model.update(n_layers=2, d_model=64, n_heads=8, d_ff=128, mem_len=8, dropout=0.0)
+    config.model.update(n_layers=1, d_model=64, n_heads=8, d_ff=128, mem_len=8, dropout=0.0)
     config.data.update(
         name="text", path=str(corpus), dir=str(workdir.parent / "tfds"), segment_len=8, batch_size=8
     )
@@ -85,7 +85,7 @@ def meshes(workdir: pathlib.Path) -> None:
     reference.run(stop_after=4)
     COMPILES.clear()
     result = {"devices": jax.device_count(), "one": losses(workdir / "one"), "meshes": {}}
-    for mesh in [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]:
+    for mesh in [(8, 1, 1), (2, 2, 2)]:  # data parallel alone; all three axes at once
         name = "x".join(map(str, mesh))
         trainer = Trainer(tiny_config(workdir / name, mesh), workdir / name)
         trainer.run(stop_after=4)

@@ -20,9 +20,9 @@ MEM = 9  # window K = 9 + 7 = 16 keys; tiles of 5 keys by 3 queries divide neith
 
 
 def _pair(position, **overrides):
-    """A dense model and the same parameters under the tiled path."""
+    """A one-layer dense model and the same parameters under the tiled path."""
     config = dict(
-        position=position, n_layers=2, d_model=32, n_heads=2, d_ff=64, mem_len=MEM,
+        position=position, n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=MEM,
         dropout=0.0, init_std=0.1, t5_max_distance=12, t5_num_buckets=8, shaw_max_distance=3,
         deberta_bucket_size=4, deberta_max_position=16, **overrides,
     )  # fmt: skip
@@ -33,13 +33,21 @@ def _pair(position, **overrides):
     return dense, tiled
 
 
-def _memory(model, tokens, written: int):
-    """A memory with ``written`` of its slots holding states (0: empty)."""
-    mems = model.init_mems(tokens.shape[0])
-    if written:
-        _, mems = model(tokens[:, :written], mems)
-    assert int(mems.valid) == min(written, MEM)
-    return mems
+@nnx.jit
+def _written_memory(model, tokens):
+    return model(tokens, model.init_mems(tokens.shape[0]))[1]
+
+
+def _memories(model, tokens) -> dict:
+    """The memory after 14 tokens (all 9 slots written), then the same states with only the
+    newest 4 slots valid (the first key tile wholly invalid, positions starting later), then none
+    valid: one shape, so the compiled programs are shared."""
+    full = _written_memory(model, tokens.repeat(2, axis=1))
+    assert int(full.valid) == MEM
+    return {
+        f"{written} valid slots": full._replace(valid=jnp.asarray(written, full.valid.dtype))
+        for written in (MEM, 4, 0)
+    }
 
 
 def _loss(model, tokens, mems):
@@ -51,50 +59,34 @@ def _logits_and_gradients(model, tokens, mems):
     return model(tokens, mems)[0], nnx.grad(_loss)(model, tokens, mems)
 
 
-def _compare(dense, tiled, tokens, mems):
+def _compare(dense, tiled, tokens, mems, case: str):
     (logits_dense, want), (logits_tiled, got) = (
         _logits_and_gradients(model, tokens, mems) for model in (dense, tiled)
     )
-    np.testing.assert_allclose(logits_tiled, logits_dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits_tiled, logits_dense, rtol=1e-5, atol=1e-5, err_msg=case)
     largest = max(float(jnp.abs(a).max()) for a in jax.tree.leaves(want))
     for path, a in jax.tree.leaves_with_path(want):
         b = dict(jax.tree.leaves_with_path(got))[path]
         # Relative to the parameter's own gradient, floored where that is ~0 by symmetry (a bias
         # added to every logit of a head, such as FIRE's last bias, leaves the softmax unchanged).
         scale = max(float(jnp.abs(a).max()), 1e-3 * largest)
-        np.testing.assert_allclose(b / scale, a / scale, atol=1e-4, err_msg=str(path))
+        np.testing.assert_allclose(b / scale, a / scale, atol=1e-4, err_msg=f"{case}: {path}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("position", POSITIONS)
-def test_tiled_equals_dense_with_a_full_memory(position):
+def test_tiled_equals_dense_with_a_full_a_partly_valid_and_an_empty_memory(position):
     dense, tiled = _pair(position)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 7), 0, 256)
-    _compare(dense, tiled, tokens, _memory(dense, tokens.repeat(2, axis=1), MEM + 3))
+    for case, mems in _memories(dense, tokens).items():
+        _compare(dense, tiled, tokens, mems, case)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("position", ["txl", "shaw", "rope", "deberta", "fire"])
-def test_tiled_equals_dense_with_a_partly_valid_memory(position):
-    """4 of the 9 slots written: the first key tile is wholly invalid, positions start later."""
-    dense, tiled = _pair(position)
-    tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 7), 0, 256)
-    _compare(dense, tiled, tokens, _memory(dense, tokens.repeat(2, axis=1), 4))
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("position", ["txl", "shaw", "t5", "alibi", "rope", "deberta"])
 def test_tiled_equals_dense_with_same_length_and_clamp_len(position):
     dense, tiled = _pair(position, same_length=True, clamp_len=4)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 7), 0, 256)
-    _compare(dense, tiled, tokens, _memory(dense, tokens.repeat(2, axis=1), MEM))
-
-
-@pytest.mark.parametrize("position", ["txl", "shaw"])
-def test_tiled_equals_dense_without_memory(position):
-    dense, tiled = _pair(position)
-    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 0, 256)
-    _compare(dense, tiled, tokens, _memory(dense, tokens, 0))
+    for case, mems in _memories(dense, tokens).items():
+        _compare(dense, tiled, tokens, mems, case)
 
 
 def test_a_bad_attention_impl_or_tile_is_refused_in_one_line():
