@@ -10,9 +10,10 @@ XLA's temporary memory of the compiled program (``memory_analysis``: what the at
 intermediates need, read before anything runs), the process's peak resident memory, and the median
 time of the compiled call. A cell whose temporary memory would not fit ``--max-gib`` is not run and
 reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out``
-(default ``docs/results``) and renders ``tiled_attention.md`` from it, with the checks: tiled peak
-memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k (≤ 1/8), tiled over
-dense time at 1k (≤ 1.3×).
+(default ``docs/results``) after every cell, and renders ``tiled_attention.md`` from it, with the
+checks: tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k
+(≤ 1/8), tiled over dense time at 1k (≤ 1.3×). A stopped run, started again with the same
+command, keeps the cells it measured and goes on (``--fresh``: measure them all again).
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ def render(results: dict) -> str:
         ]
         for cell in (c for c in results["cells"] if c["task"] == task and c["impl"] == "dense"):
             tiled = next(
-                c for c in results["cells"]
-                if c["task"] == task and c["impl"] == "tiled"
-                and (c["scheme"], c["window"]) == (cell["scheme"], cell["window"])
+                (
+                    c for c in results["cells"]
+                    if c["task"] == task and c["impl"] == "tiled"
+                    and (c["scheme"], c["window"]) == (cell["scheme"], cell["window"])
+                ),
+                {"pending": True},
             )  # fmt: skip
             row = [cell["scheme"], f"{cell['window']:,}"]
             row += [_mib(cell, "temp_mib"), _mib(tiled, "temp_mib")]
@@ -131,6 +135,8 @@ def _checks(cells: list[dict]) -> list[str]:
 
 
 def _mib(cell: dict, key: str) -> str:
+    if cell.get("pending"):
+        return "–"
     if "error" in cell:
         return "error"
     if key == "peak_mib" and cell.get("skipped"):
@@ -139,6 +145,8 @@ def _mib(cell: dict, key: str) -> str:
 
 
 def _seconds(cell: dict) -> str:
+    if cell.get("pending"):
+        return "–"
     if "error" in cell or cell.get("seconds") is None:
         return cell.get("skipped", "error")
     return f"{cell['seconds']:.3f}"
@@ -171,13 +179,24 @@ def main() -> None:
     parser.add_argument("--query-tile", type=int, default=512, help="queries per tile")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-gib", type=float, default=16.0)
+    parser.add_argument(
+        "--fresh", action="store_true", help="measure every cell again (default: resume)"
+    )
     bench_args.add_out(parser)
     args = parse_or_serve(parser, compute)
     if args is None:
         return
-    cells = []
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Resumable: a cell already in the JSON with the same spec is kept, so a stopped run goes on
+    # where it stopped (--fresh: measure everything again). The JSON is written after every cell.
+    done = [] if args.fresh else _cells(out / "tiled_attention.json")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     windows_of = {"eval": args.eval_windows, "train": args.train_windows}
     tasks = {task: windows_of[task] for task in args.tasks}
+    cells = []
     for task, task_windows in tasks.items():
         for scheme in args.schemes:
             for window in task_windows:
@@ -187,18 +206,44 @@ def main() -> None:
                         query_tile=args.query_tile, repeats=args.repeats,
                         max_bytes=int(args.max_gib * 2**30),
                     )  # fmt: skip
-                    cell = {**spec, **isolated("bench.tiled_attention", spec)}
+                    cell = next((c for c in done if _spec_of(c) == spec), None)
+                    if cell is None:
+                        measured = isolated("bench.tiled_attention", spec)
+                        cell = {**spec, **measured, "commit": commit}
+                        print(json.dumps(cell), flush=True)
                     cells.append(cell)
-                    print(json.dumps(cell), flush=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+                    _write(out, args, tasks, commit, cells + _others(done, cells))
+    print(render(_write(out, args, tasks, commit, cells + _others(done, cells))))
+
+
+def _cells(path: pathlib.Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"] if path.exists() else []
+
+
+def _spec_of(cell: dict) -> dict:
+    keys = ("scheme", "window", "impl", "task", "tile", "query_tile", "repeats", "max_bytes")
+    return {k: cell.get(k) for k in keys}
+
+
+def _others(done: list[dict], cells: list[dict]) -> list[dict]:
+    """The cells of earlier runs with this run's tile sizes, repeats and memory limit that it has
+    not measured (not reached yet, or other schemes, windows or tasks): kept."""
+    same = ("tile", "query_tile", "repeats", "max_bytes")
+    reached = [_spec_of(c) for c in cells]
+    return [
+        c for c in done
+        if _spec_of(c) not in reached and all(c.get(k) == cells[0][k] for k in same)
+    ]  # fmt: skip
+
+
+def _write(out: pathlib.Path, args, tasks: dict, commit: str, cells: list[dict]) -> dict:
+    """Writes the JSON and the table rendered from it; the results."""
     settings = {
         "command": "python -m bench.tiled_attention "
         + " ".join(
             f"--{k.replace('_', '-')}={_flag_value(v)}"
             for k, v in vars(args).items()
-            if k not in ("worker", "out")
+            if k not in ("worker", "out", "fresh")
         ),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
         "commit": commit,
@@ -208,11 +253,9 @@ def main() -> None:
         "query_tile": args.query_tile,
     }
     results = {"settings": settings, "cells": cells}
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "tiled_attention.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "tiled_attention.md").write_text(render(results) + "\n")
-    print(render(results))
+    return results
 
 
 if __name__ == "__main__":
