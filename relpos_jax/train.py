@@ -35,6 +35,7 @@ from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
 
 
+@functools.cache  # one transformation a config: equal configs give equal graphs (``_jitted_train_step``)
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0 if cfg.warmup_steps else cfg.lr,
@@ -105,6 +106,28 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
         "skipped": optimizer.opt_state.total_notfinite[...],
     }
     return nnx.state((model, optimizer)), new_mems, metrics
+
+
+def _hashable(tree) -> tuple:
+    """A pytree of shardings as a hashable key: its structure and its leaves."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(leaves)
+
+
+@functools.cache
+def _jitted_train_step(graphdef, grad_accum: int, state, batch, mems, replicated):
+    """The jitted ``train_step_fn`` of a model graph, accumulation and shardings (each
+    ``_hashable``), made once a process: the Trainers of one run (a resume, a rerun in a notebook)
+    share its trace and its compiled program."""
+    state, batch, mems, replicated = (
+        jax.tree.unflatten(treedef, leaves) for treedef, leaves in (state, batch, mems, replicated)
+    )
+    return jax.jit(
+        functools.partial(train_step_fn, graphdef, grad_accum),
+        in_shardings=(state, batch, mems),
+        out_shardings=(state, mems, replicated),
+        donate_argnums=(0, 2),
+    )
 
 
 def _scalar(x: jax.Array) -> float:
@@ -188,15 +211,18 @@ class Trainer:
             lambda: init_mems(m.n_layers, cfg.data.batch_size, m.mem_len, m.d_model, m.dtype),
             out_shardings=self.mems_sharding,
         )()
-        self._train_step = jax.jit(
-            functools.partial(train_step_fn, self.graphdef, cfg.train.grad_accum),
-            in_shardings=(
-                self.state_sharding,
-                sharding.batch_sharding(self.mesh),
-                self.mems_sharding,
+        self._train_step = _jitted_train_step(
+            self.graphdef,
+            cfg.train.grad_accum,
+            *map(
+                _hashable,
+                (
+                    self.state_sharding,
+                    sharding.batch_sharding(self.mesh),
+                    self.mems_sharding,
+                    sharding.replicated(self.mesh),
+                ),
             ),
-            out_shardings=(self.state_sharding, self.mems_sharding, sharding.replicated(self.mesh)),
-            donate_argnums=(0, 2),
         )
         self.step = 0
         self.checkpointer = Checkpointer(

@@ -102,39 +102,25 @@ def test_eval_cli_without_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_and_eval_cli(tiny, tmp_path):
-    config, _ = tiny
-    overrides = [*tiny_flags(config, tmp_path), "--config.train.steps=3"]
-    trained = run_cli("train.py", *overrides)
-    assert trained.returncode == 0, trained.stderr
-    assert trained.stdout.splitlines()[0].startswith("training txl on text from scratch")
-    # Not a terminal: one plain line per log step, no redrawn bar.
-    assert re.search(
-        r"^step 3/3: loss \d+\.\d+, bpc \d+\.\d+, [\d,]+ tokens/s$", trained.stdout, re.M
-    )
-    assert "\r" not in trained.stdout + trained.stderr and "it/s" not in trained.stderr
-    again = run_cli("train.py", *overrides)
-    assert again.stdout.splitlines()[0].startswith("resuming from step 3")
-    evaluated = run_cli("eval.py", *overrides, "--sample", "8")
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
-
-
-@pytest.mark.slow
-def test_a_run_moves_between_device_counts(tiny, tmp_path):
-    """Trained on two CPU devices (one per core), resumed and evaluated on one, and back."""
+def test_the_cli_trains_then_resumes_and_evaluates_on_other_device_counts(tiny, tmp_path):
+    """Trained on two CPU devices (one per core), resumed on one, then evaluated on two and on one
+    (with a sample): the same scores."""
     config, _ = tiny
     flags = tiny_flags(config, tmp_path)
     two = run_cli("train.py", *flags, "--config.train.steps=2", JAX_NUM_CPU_DEVICES="2")
     assert two.returncode == 0, two.stderr
+    assert two.stdout.splitlines()[0].startswith("training txl on text from scratch")
+    # Not a terminal: one plain line per log step, no redrawn bar.
+    assert re.search(r"^step 2/2: loss \d+\.\d+, bpc \d+\.\d+, [\d,]+ tokens/s$", two.stdout, re.M)
+    assert "\r" not in two.stdout + two.stderr and "it/s" not in two.stderr
     one = run_cli("train.py", *flags, "--config.train.steps=4", JAX_NUM_CPU_DEVICES="1")
     assert one.returncode == 0, one.stderr
     assert one.stdout.splitlines()[0].startswith("resuming from step 2")
     # 4 rows: the batch and the key/value memory split over two devices, then on one: same scores
     scores = {}
-    for devices in ("2", "1"):
+    for devices, more in (("2", []), ("1", ["--sample", "8"])):
         evaluated = run_cli(
-            "eval.py", *flags, "--config.eval.batch_size=4", JAX_NUM_CPU_DEVICES=devices
+            "eval.py", *flags, "--config.eval.batch_size=4", *more, JAX_NUM_CPU_DEVICES=devices
         )
         assert evaluated.returncode == 0, evaluated.stderr
         scores[devices] = json.loads((tmp_path / "eval.json").read_text())

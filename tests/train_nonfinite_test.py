@@ -46,6 +46,20 @@ def _nan_gradient_at_marks(model, inputs, targets, mems):
     return loss + jnp.sqrt(zero) - jnp.sqrt(jax.lax.stop_gradient(zero)), new_mems
 
 
+@pytest.fixture(autouse=True)
+def _fresh_train_steps():
+    """The jitted training steps a process caches were traced with the real loss: none is reused
+    here, and none traced with a fault outlives its test."""
+    train_lib._jitted_train_step.cache_clear()
+    yield
+    train_lib._jitted_train_step.cache_clear()
+
+
+def _inject(monkeypatch, fault):
+    """Train with ``fault`` as the loss."""
+    monkeypatch.setattr(train_lib, "_loss", fault)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "quantity"),
@@ -55,7 +69,7 @@ def test_nonfinite_step_stops_the_run_and_keeps_the_last_good_checkpoint(
     tiny, tmp_path, monkeypatch, fault, quantity
 ):
     config = _marked_corpus(tiny[0], tmp_path, steps=(5,))
-    monkeypatch.setattr(train_lib, "_loss", fault)
+    _inject(monkeypatch, fault)
     with pytest.raises(NonFiniteLoss) as error:
         Trainer(config, tmp_path / "run").run()
     message = str(error.value)
@@ -70,7 +84,7 @@ def test_nonfinite_step_stops_the_run_and_keeps_the_last_good_checkpoint(
 def test_skip_nonfinite_changes_nothing_counts_and_goes_on(tiny, tmp_path, monkeypatch):
     config = _marked_corpus(tiny[0], tmp_path, steps=(3,))
     config.train.skip_nonfinite = True
-    monkeypatch.setattr(train_lib, "_loss", _nan_loss_at_marks)
+    _inject(monkeypatch, _nan_loss_at_marks)
     before, after = Trainer(config, tmp_path / "a"), Trainer(config, tmp_path / "b")
     before.run(stop_after=2)
     after.run(stop_after=3)
@@ -87,7 +101,7 @@ def test_skip_nonfinite_changes_nothing_counts_and_goes_on(tiny, tmp_path, monke
 def test_skip_nonfinite_stops_after_too_many_in_a_row(tiny, tmp_path, monkeypatch):
     config = _marked_corpus(tiny[0], tmp_path, steps=(3, 4, 5))
     config.train.update(skip_nonfinite=True, max_consecutive_skips=3)
-    monkeypatch.setattr(train_lib, "_loss", _nan_loss_at_marks)
+    _inject(monkeypatch, _nan_loss_at_marks)
     with pytest.raises(NonFiniteLoss, match="at step 5, non-finite for 3 steps in a row"):
         Trainer(config, tmp_path / "run").run()
     assert latest_step(tmp_path / "run" / "checkpoints") == 4  # skipped steps 3, 4: still good
