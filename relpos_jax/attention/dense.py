@@ -49,14 +49,9 @@ class PositionContext(NamedTuple):
     def allowed(self, max_distance: int | None) -> jax.Array:
         """``[T, K]`` bool: which keys each query may attend (the dense path's mask); keys more than
         ``max_distance`` back are out (same_length)."""
-        if self.mask is not None:
-            allowed = self.mask
-        else:
-            rel = self.q_pos[:, None] - self.k_pos[None, :]
-            allowed = rel >= 0
-            if max_distance is not None:
-                allowed = allowed & (rel <= max_distance)
-        return allowed if self.key_valid is None else allowed & self.key_valid[None, :]
+        return tiled.allowed(
+            self.q_pos, self.k_pos, self.key_valid, max_distance=max_distance, mask_IJ=self.mask
+        )
 
 
 def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:

@@ -140,14 +140,19 @@ def _pad(x: jax.Array, length: int) -> jax.Array:
 # ----------------------------------------------------------------------------------- one tile
 
 
-def _allowed(cfg: _Config, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
-    """``[I, J]`` bool: may query i attend key j."""
+def allowed(q_pos_I, k_pos_J, valid_J=None, *, max_distance=None, mask_IJ=None) -> jax.Array:
+    """``[I, J]`` bool: may query i attend key j (the rule of the module docstring; the dense
+    path's mask too)."""
     if mask_IJ is None:
         rel = q_pos_I[:, None] - k_pos_J[None, :]
         mask_IJ = rel >= 0
-        if cfg.max_distance is not None:
-            mask_IJ = mask_IJ & (rel <= cfg.max_distance)
-    return mask_IJ & valid_J[None, :]
+        if max_distance is not None:
+            mask_IJ = mask_IJ & (rel <= max_distance)
+    return mask_IJ if valid_J is None else mask_IJ & valid_J[None, :]
+
+
+def _allowed(cfg: _Config, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
+    return allowed(q_pos_I, k_pos_J, valid_J, max_distance=cfg.max_distance, mask_IJ=mask_IJ)
 
 
 def _logits(cfg: _Config, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
