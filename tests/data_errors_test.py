@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from relpos_jax import data
+from relpos_jax.train import Trainer
 from tests.helpers import files_under, run_cli, tiny_flags
 
 
@@ -35,15 +36,14 @@ def test_a_dataset_that_became_empty_fails_in_one_line_and_damages_nothing(tiny,
     config, _ = tiny
     corpus = tmp_path / "corpus.txt"
     shutil.copy(config.data.path, corpus)
-    flags = [
-        *tiny_flags(config, tmp_path / "run"),
-        f"--config.data.path={corpus}",
-        "--config.train.steps=2",
-    ]
-    assert run_cli("train.py", *flags).returncode == 0
+    config = config.copy_and_resolve_references()
+    config.data.path = str(corpus)
+    config.train.update(steps=2, eval_every=0)
+    Trainer(config, tmp_path / "run").run()
     written = {p: p.read_bytes() for p in files_under(tmp_path / "run")}
     corpus.write_bytes(b"")  # emptied (or truncated) between two runs
-    result = run_cli("train.py", *flags[:-1], "--config.train.steps=4")
+    flags = [*tiny_flags(config, tmp_path / "run"), f"--config.data.path={corpus}"]
+    result = run_cli("train.py", *flags, "--config.train.steps=4")
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
     assert "data.batch_size=4 is invalid for a split of 0 tokens" in errors[0], errors

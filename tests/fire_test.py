@@ -59,7 +59,7 @@ def test_fire_normaliser_follows_the_query_position():
 def test_fire_parameters_get_gradients_and_masked_keys_give_no_nan():
     model = TransformerLM(CFG, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
-    grads = nnx.grad(lambda m: m(tokens, m.init_mems(2))[0].std())(model)
+    grads = nnx.jit(nnx.grad(lambda m, tokens: m(tokens, m.init_mems(2))[0].std()))(model, tokens)
     named = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(grads)}
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in named.values())
     for param in ("fire_w1", "fire_w2", "fire_c", "fire_L"):

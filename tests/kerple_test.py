@@ -45,7 +45,7 @@ def test_kerple_is_translation_invariant():
 def test_kerple_parameters_get_gradients_through_the_model():
     model = TransformerLM(CFG, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
-    grads = nnx.grad(lambda m: m(tokens, m.init_mems(2))[0].std())(model)
+    grads = nnx.jit(nnx.grad(lambda m, tokens: m(tokens, m.init_mems(2))[0].std()))(model, tokens)
     named = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(grads)}
     kerple = [name for name in named if "kerple_r" in name]
     assert len(kerple) == 2 * CFG.n_layers

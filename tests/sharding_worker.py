@@ -85,7 +85,7 @@ def meshes(workdir: pathlib.Path) -> None:
     reference.run(stop_after=3)
     COMPILES.clear()
     result = {"devices": jax.device_count(), "one": losses(workdir / "one"), "meshes": {}}
-    for mesh in [(8, 1, 1), (2, 2, 2)]:  # data parallel alone; all three axes at once
+    for mesh in [(2, 2, 2)]:  # every axis at once (data parallel alone: the loopback test)
         name = "x".join(map(str, mesh))
         trainer = Trainer(tiny_config(workdir / name, mesh), workdir / name)
         trainer.run(stop_after=3)  # before the last step: no final validation
