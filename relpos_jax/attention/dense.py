@@ -175,7 +175,7 @@ class Attention(nnx.Module):
         if self.kv_layout == "bnhk":  # the tiles are cut along K: [B, K, N, H]
             k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
         rate = 0.0 if deterministic else self.dropatt.rate
-        key = self.dropatt.rngs[self.dropatt.rng_collection]() if rate else None
+        key = self.dropatt.next_key() if rate else None
         params = (
             {n: p[...] for n, p in vars(self).items() if isinstance(p, nnx.Param)},
             self._context(ctx, q.dtype),

@@ -95,18 +95,20 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> tuple[jax.
 class Dropout(nnx.Dropout):
     """``nnx.Dropout`` with fused random bits (see the module docstring)."""
 
+    def next_key(self, rngs=None) -> jax.Array:
+        """The key of the next draw: ``rngs`` (a key, ``nnx.Rngs`` or a stream), else the layer's."""
+        stream = self.rngs if rngs is None else rngs
+        if isinstance(stream, jax.Array):  # a key
+            return stream
+        if isinstance(stream, nnx.Rngs):
+            return stream[self.rng_collection]()
+        return stream()
+
     def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None) -> jax.Array:
         deterministic = self.deterministic if deterministic is None else deterministic
         if self.rate == 0.0 or deterministic:
             return inputs
         if self.rate >= 1.0:
             return jnp.zeros_like(inputs)
-        stream = self.rngs if rngs is None else rngs
-        if isinstance(stream, jax.Array):  # a key
-            key = stream
-        elif isinstance(stream, nnx.Rngs):
-            key = stream[self.rng_collection]()
-        else:
-            key = stream()
-        mask, scale = keep_mask(key, inputs.shape, self.rate)
+        mask, scale = keep_mask(self.next_key(rngs), inputs.shape, self.rate)
         return jnp.where(mask, inputs * jnp.asarray(scale, inputs.dtype), jnp.zeros_like(inputs))
