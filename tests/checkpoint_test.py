@@ -63,12 +63,9 @@ def test_sigkill_anywhere_then_the_same_command_logs_the_same_losses(tiny, tmp_p
     expected = dict(logged_losses(straight))
     assert sorted(expected) == list(range(1, steps + 1))
 
-    # SIGKILL at two points while steps and (asynchronous) checkpoint writes are under way ...
-    kills = 0
-    for records in (4, 10):
-        code = _kill_when_logged([sys.executable, "train.py", *flags(killed)], killed, records)
-        kills += code == -signal.SIGKILL
-    assert kills == 2
+    # SIGKILL while steps and (asynchronous) checkpoint writes are under way ...
+    code = _kill_when_logged([sys.executable, "train.py", *flags(killed)], killed, 6)
+    assert code == -signal.SIGKILL
     # ... and once at the worst moment of a save: its files written, the commit (rename) not done.
     before = latest_step(killed / "checkpoints")
     commit = subprocess.run(
@@ -84,7 +81,7 @@ def test_sigkill_anywhere_then_the_same_command_logs_the_same_losses(tiny, tmp_p
     resumed = run_cli("train.py", *flags(killed))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from step {before}" in resumed.stdout
-    # Every loss any of the four processes logged (steps redone after a kill included) is the
+    # Every loss any of the three processes logged (steps redone after a kill included) is the
     # uninterrupted run's loss at that step, bitwise; and every step was logged.
     logged = logged_losses(killed)
     assert {step for step, _ in logged} == set(expected)
