@@ -69,7 +69,7 @@ def render(results: dict) -> str:
         "# Dense and tiled attention: memory and time",
         "",
         f"Command: `{s['command']}`  ",
-        f"Machine: {s['machine']}; commit {s['commit']}; {s['date']}.",
+        f"Machine: {s['machine']}; {_commits(results)}; {s['date']}.",
         "",
         "txl_small sizes, batch 1, window K = segment K/2 + full memory K/2; tiles of "
         f"{s['query_tile']} queries by {s['tile']} keys. *temp*: XLA's temporary memory of the "
@@ -132,6 +132,17 @@ def _checks(cells: list[dict]) -> list[str]:
             ratios.append("–" if a is None or not b else f"{a / b:.3f}")
         lines.append(f"| {task} | {scheme} | " + " | ".join(ratios) + " |")
     return [*lines, ""]
+
+
+def _commits(results: dict) -> str:
+    """``commit X``, or, for a run resumed across commits, each commit and its cells' count."""
+    counts: dict[str, int] = {}
+    for cell in results["cells"]:
+        commit = cell.get("commit", results["settings"]["commit"])
+        counts[commit] = counts.get(commit, 0) + 1
+    if len(counts) == 1:
+        return f"commit {next(iter(counts))}"
+    return "commits " + ", ".join(f"{c} ({n} cells)" for c, n in counts.items())
 
 
 def _mib(cell: dict, key: str) -> str:
@@ -217,7 +228,11 @@ def main() -> None:
 
 
 def _cells(path: pathlib.Path) -> list[dict]:
-    return json.loads(path.read_text())["cells"] if path.exists() else []
+    """The cells of an earlier run, each with the commit it was measured at."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    return [{"commit": earlier["settings"]["commit"], **c} for c in earlier["cells"]]
 
 
 def _spec_of(cell: dict) -> dict:

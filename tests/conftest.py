@@ -31,12 +31,6 @@ from relpos_jax.config import load_config  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
 
 
-def pytest_collection_modifyitems(items):
-    """Tests marked ``slow`` (end-to-end runs, subprocesses: up to a minute or two each) first, so
-    that the workers share them out and the suite does not end waiting on one of them."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def x64():
     """Run the fast form in float64 so that it can be held to the float64 reference."""
