@@ -108,24 +108,18 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
     return nnx.state((model, optimizer)), new_mems, metrics
 
 
-def _hashable(tree) -> tuple:
-    """A pytree of shardings as a hashable key: its structure and its leaves."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(leaves)
-
-
 @functools.cache
-def _jitted_train_step(graphdef, grad_accum: int, state, batch, mems, replicated):
-    """The jitted ``train_step_fn`` of a model graph, accumulation and shardings (each
-    ``_hashable``), made once a process: the Trainers of one run (a resume, a rerun in a notebook)
-    share its trace and its compiled program."""
-    state, batch, mems, replicated = (
-        jax.tree.unflatten(treedef, leaves) for treedef, leaves in (state, batch, mems, replicated)
-    )
+def _jitted_train_step(graphdef, grad_accum: int, state_sharding: tuple, mesh):
+    """The jitted ``train_step_fn`` of a model graph, accumulation, state sharding (as
+    ``(treedef, leaves)``, hashable) and mesh, made once a process: the Trainers of one run (a
+    resume, a rerun in a notebook) share its trace and its compiled program. The batch, memory and
+    metrics shardings follow from the mesh."""
+    state = jax.tree.unflatten(*state_sharding)
+    mems = sharding.memory_sharding(mesh)
     return jax.jit(
         functools.partial(train_step_fn, graphdef, grad_accum),
-        in_shardings=(state, batch, mems),
-        out_shardings=(state, mems, replicated),
+        in_shardings=(state, sharding.batch_sharding(mesh), mems),
+        out_shardings=(state, mems, sharding.replicated(mesh)),
         donate_argnums=(0, 2),
     )
 
@@ -211,18 +205,9 @@ class Trainer:
             lambda: init_mems(m.n_layers, cfg.data.batch_size, m.mem_len, m.d_model, m.dtype),
             out_shardings=self.mems_sharding,
         )()
+        leaves, treedef = jax.tree.flatten(self.state_sharding)
         self._train_step = _jitted_train_step(
-            self.graphdef,
-            cfg.train.grad_accum,
-            *map(
-                _hashable,
-                (
-                    self.state_sharding,
-                    sharding.batch_sharding(self.mesh),
-                    self.mems_sharding,
-                    sharding.replicated(self.mesh),
-                ),
-            ),
+            self.graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), self.mesh
         )
         self.step = 0
         self.checkpointer = Checkpointer(
