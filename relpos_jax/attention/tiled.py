@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import keep_mask
 
 F32 = jnp.float32
@@ -157,7 +158,7 @@ def _allowed(cfg: _Config, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
 
 def _logits(cfg: _Config, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
     """``[B, N, I, J]`` float32 logits of the tile, before the mask."""
-    s = cfg.scale * jnp.einsum("binh,bjnh->bnij", q, k_J, preferred_element_type=F32)
+    s = cfg.scale * precision.einsum("binh,bjnh->bnij", q, k_J, out_dtype=F32)
     if cfg.logit_term is not None:
         s = s + cfg.logit_term(params, q, k_J, q_pos, k_pos_J).astype(F32)
     return s
@@ -165,7 +166,7 @@ def _logits(cfg: _Config, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
 
 def _values(cfg: _Config, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
     """``Σ_j p_ij v_j + value_term(p)`` -> ``[B, I, N, H]`` float32."""
-    out = jnp.einsum("bnij,bjnh->binh", p, v_J.astype(F32), preferred_element_type=F32)
+    out = precision.einsum("bnij,bjnh->binh", p, v_J.astype(F32), out_dtype=F32)
     if cfg.value_term is not None:
         out = out + cfg.value_term(params, p, q_pos, k_pos_J).astype(F32)
     return out
