@@ -1,15 +1,14 @@
-"""The training loop: one jitted step with donated state, memory carried from step to step.
+"""The training loop: one jitted step (``train_step``) with donated state, memory carried from step to
+step.
 
 Each step takes the next ``[B, T]`` segment of every row's stream, so the memory the model carries
-(``Memory``, explicit state) holds the text right before it. Adam(W) with linear warm-up and cosine
-decay, gradient clipping, optional micro-batching (gradient accumulation) and bf16 compute. Orbax
+(``Memory``, explicit state) holds the text right before it. Orbax
 checkpoints (parameters, optimizer, memory, data iterator, step) every ``ckpt_every`` steps; a work
 directory that holds one resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
 """
 
 from __future__ import annotations
 
-import functools
 import pathlib
 import signal
 import sys
@@ -18,9 +17,7 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.experimental import multihost_utils  # no stable replacement yet
 from tqdm import tqdm
@@ -28,100 +25,12 @@ from tqdm import tqdm
 from relpos_jax import data as data_lib
 from relpos_jax import sharding
 from relpos_jax.checkpoint import Checkpointer, sections
-from relpos_jax.config import Config, TrainConfig
+from relpos_jax.config import Config
 from relpos_jax.evaluate import EvalSettings, evaluate_split
-from relpos_jax.memory import Memory, init_mems
+from relpos_jax.memory import init_mems
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
-
-
-@functools.cache  # one transformation a config: equal configs give equal graphs (``_jitted_train_step``)
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if cfg.warmup_steps else cfg.lr,
-        peak_value=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
-        decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
-        end_value=cfg.lr * cfg.min_lr_ratio,
-    )
-    if cfg.optimizer == "adamw":
-        update = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
-    else:
-        update = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2)
-    if cfg.clip > 0:
-        update = optax.chain(optax.clip_by_global_norm(cfg.clip), update)
-    # A step whose gradients hold a NaN or Inf changes neither the parameters nor the optimizer
-    # state, and is counted (total_notfinite); the loop then stops the run or, with
-    # train.skip_nonfinite, goes on (and stops after max_consecutive_skips in a row).
-    return optax.apply_if_finite(update, max_consecutive_errors=cfg.max_consecutive_skips)
-
-
-def _loss(model, inputs, targets, mems):
-    logits, new_mems = model(inputs, mems, deterministic=False)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), new_mems
-
-
-def _micro_batches(tree, parts: int, axis: int):
-    return [
-        jax.tree.map(lambda a, k=k: jnp.split(a, parts, axis=axis)[k], tree) for k in range(parts)
-    ]
-
-
-def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
-    """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows."""
-    model, optimizer = nnx.merge(graphdef, state)
-    grad_fn = nnx.value_and_grad(_loss, has_aux=True)
-    if grad_accum == 1:
-        (loss, new_mems), grads = grad_fn(model, batch["inputs"], batch["targets"], mems)
-    else:
-        batches = _micro_batches(batch, grad_accum, axis=0)
-        states = _micro_batches(mems.states, grad_accum, axis=1)
-        losses, grads, new_states = [], None, []
-        for part, part_states in zip(batches, states, strict=True):
-            (part_loss, part_mems), part_grads = grad_fn(
-                model, part["inputs"], part["targets"], Memory(part_states, mems.valid)
-            )
-            losses.append(part_loss)
-            new_states.append(part_mems.states)
-            grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
-        grads = jax.tree.map(lambda g: g / grad_accum, grads)
-        loss = jnp.mean(jnp.stack(losses))
-        new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # A NaN loss can come with finite gradients (e.g. from a branch with zero derivative): make the
-    # optimizer's apply_if_finite see it too, so that such a step changes nothing either.
-    grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.nan), grads)
-    optimizer.update(model, grads)
-    # After a non-finite step the memory may hold NaNs too: start the next segment without context.
-    new_mems = jax.tree.map(
-        lambda new, empty: jnp.where(finite, new, empty),
-        new_mems,
-        jax.tree.map(jnp.zeros_like, mems),
-    )
-    metrics = {
-        "loss": loss,
-        "grad_norm": grad_norm,
-        "finite": finite,
-        "skipped": optimizer.opt_state.total_notfinite[...],
-    }
-    return nnx.state((model, optimizer)), new_mems, metrics
-
-
-@functools.cache
-def _jitted_train_step(graphdef, grad_accum: int, state_sharding: tuple, mesh):
-    """The jitted ``train_step_fn`` of a model graph, accumulation, state sharding (as
-    ``(treedef, leaves)``, hashable) and mesh, made once a process: the Trainers of one run (a
-    resume, a rerun in a notebook) share its trace and its compiled program. The batch, memory and
-    metrics shardings follow from the mesh."""
-    state = jax.tree.unflatten(*state_sharding)
-    mems = sharding.memory_sharding(mesh)
-    return jax.jit(
-        functools.partial(train_step_fn, graphdef, grad_accum),
-        in_shardings=(state, sharding.batch_sharding(mesh), mems),
-        out_shardings=(state, mems, sharding.replicated(mesh)),
-        donate_argnums=(0, 2),
-    )
+from relpos_jax.train_step import jitted_train_step, make_optimizer
 
 
 def _scalar(x: jax.Array) -> float:
@@ -206,7 +115,7 @@ class Trainer:
             out_shardings=self.mems_sharding,
         )()
         leaves, treedef = jax.tree.flatten(self.state_sharding)
-        self._train_step = _jitted_train_step(
+        self._train_step = jitted_train_step(
             self.graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), self.mesh
         )
         self.step = 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax import train as train_lib
+from relpos_jax import train_step
 from relpos_jax.checkpoint import latest_step
 from relpos_jax.metrics import read_metrics
 from relpos_jax.train import NonFiniteLoss, Trainer
@@ -31,7 +31,7 @@ def _marked_corpus(config, tmp_path, steps: tuple[int, ...]):
     return config
 
 
-_REAL_LOSS = train_lib._loss
+_REAL_LOSS = train_step.segment_loss
 
 
 def _nan_loss_at_marks(model, inputs, targets, mems):
@@ -50,14 +50,14 @@ def _nan_gradient_at_marks(model, inputs, targets, mems):
 def _fresh_train_steps():
     """The jitted training steps a process caches were traced with the real loss: none is reused
     here, and none traced with a fault outlives its test."""
-    train_lib._jitted_train_step.cache_clear()
+    train_step.jitted_train_step.cache_clear()
     yield
-    train_lib._jitted_train_step.cache_clear()
+    train_step.jitted_train_step.cache_clear()
 
 
 def _inject(monkeypatch, fault):
     """Train with ``fault`` as the loss."""
-    monkeypatch.setattr(train_lib, "_loss", fault)
+    monkeypatch.setattr(train_step, "segment_loss", fault)
 
 
 @pytest.mark.slow
