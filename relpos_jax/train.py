@@ -1,10 +1,9 @@
-"""The training loop: one jitted step (``train_step``) with donated state, memory carried from step to
-step.
+"""The training loop around one jitted step (``train_step``), the memory carried from step to step.
 
 Each step takes the next ``[B, T]`` segment of every row's stream, so the memory the model carries
-(``Memory``, explicit state) holds the text right before it. Orbax
-checkpoints (parameters, optimizer, memory, data iterator, step) every ``ckpt_every`` steps; a work
-directory that holds one resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
+(``Memory``, explicit state) holds the text right before it. Orbax checkpoints (parameters,
+optimizer, memory, data iterator, step) every ``ckpt_every`` steps; a work directory that holds one
+resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
 """
 
 from __future__ import annotations
