@@ -29,6 +29,12 @@ def get_config() -> ml_collections.ConfigDict:
     m.pre_norm = False  # the paper is post-norm
     m.remat = False  # recompute each layer's activations in the backward pass (less memory)
     m.tie_embeddings = True  # output projection = input embedding transposed
+    # Adaptive input and softmax (word-level vocabularies; relpos_jax.adaptive): the vocabulary,
+    # ordered by frequency, cut into clusters at these ids; () is one plain softmax.
+    m.cutoffs = ()  # e.g. (20000, 40000, 200000) for WikiText-103
+    m.div_val = 1  # cluster i embeds in d_embed // div_val**i dimensions
+    m.d_embed = config_dict.placeholder(int)  # None: d_model
+    m.tie_projs = ()  # per cluster: the output projection is the input one (): none tied
     m.init_std = 0.02
     m.max_len = 4096  # learned: rows of the absolute table (longer positions reuse the last)
     m.rope_base = 10000.0

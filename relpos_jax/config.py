@@ -22,7 +22,7 @@ from absl import flags
 from flax.core import FrozenDict
 from ml_collections import config_flags
 
-from relpos_jax import schemes
+from relpos_jax import adaptive, schemes
 from relpos_jax.errors import ConfigError, fail  # noqa: F401  (ConfigError: imported from here)
 
 POSITIONS = schemes.names()  # every registered scheme
@@ -85,6 +85,8 @@ def _typed_section(name: str, values: Any) -> dict[str, Any]:
             value = dict(value)  # a FrozenDict (rope_scaling of a validated config)
         if value is None and section[field] is not None:
             fail(f"{name}.{field}", value, expected)
+        if isinstance(value, list) and kind is tuple:
+            value = tuple(value)  # a list from JSON or a flag
         if isinstance(value, bool) and kind is not bool:
             fail(f"{name}.{field}", value, expected)
         try:
@@ -162,6 +164,10 @@ class ModelConfig(_Section):
     pre_norm: bool
     remat: bool
     tie_embeddings: bool
+    cutoffs: tuple[int, ...]
+    div_val: int
+    d_embed: int | None
+    tie_projs: tuple[bool, ...]
     init_std: float
     max_len: int
     rope_base: float
@@ -218,6 +224,14 @@ class ModelConfig(_Section):
             fail("model.rope_fraction", self.rope_fraction, "use a fraction in (0, 1]")
         if self.clamp_len is not None:
             _at_least("model.clamp_len", self.clamp_len, 1)
+        if self.d_embed is not None:
+            _at_least("model.d_embed", self.d_embed, 1)
+        if not self.cutoffs and (self.div_val != 1 or self.d_embed is not None or self.tie_projs):
+            fail("model.cutoffs", (), "div_val, d_embed and tie_projs need cutoffs (clusters)")
+        if self.cutoffs:
+            adaptive.check(self.vocab_size, self.cutoffs, self.div_val, self.embed_dim)
+            if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
+                fail("model.tie_projs", self.tie_projs, "give one flag per cluster (cutoffs + 1)")
         schemes.get(self.position).validate(self)
         if self.rope_scaling is not None:  # last, so that messages show the dict as given
             frozen = {
@@ -231,6 +245,11 @@ class ModelConfig(_Section):
     @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def embed_dim(self) -> int:
+        """The embedding width (d_embed, or d_model)."""
+        return self.d_model if self.d_embed is None else self.d_embed
 
     @property
     def relative(self) -> bool:

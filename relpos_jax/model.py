@@ -29,6 +29,7 @@ from flax import nnx
 
 from relpos_jax import memory as memory_lib
 from relpos_jax import schemes
+from relpos_jax.adaptive import AdaptiveVocab
 from relpos_jax.attention import Attention, PositionContext
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
@@ -99,6 +100,12 @@ class Block(nnx.Module):
         x = self.norm_attention(x_BTD + self.drop(attended, deterministic=deterministic))
         return self.norm_feed_forward(x + self.feed_forward(x, deterministic=deterministic))
 
+    def _token_embeddings(self, tokens: jax.Array) -> jax.Array:
+        """``[B, T]`` ids -> ``[B, T, D]``, scaled by √D as Transformer-XL does."""
+        if self.config.cutoffs:
+            return self.vocab.embed(tokens, self.config.dtype)
+        return self.embed(tokens) * math.sqrt(self.config.d_model)
+
     def attention_probabilities(self, x_BTD, mem_BMD, ctx: PositionContext) -> jax.Array:
         return self.attention.probabilities(*self._attention_inputs(x_BTD, mem_BMD), ctx)
 
@@ -161,21 +168,28 @@ class TransformerLM(nnx.Module):
     def __init__(self, model_config: Any, *, rngs: nnx.Rngs):
         cfg = self.config = ModelConfig.from_any(model_config)
         d = cfg.d_model
-        self.embed = nnx.Embed(
-            cfg.vocab_size,
-            d,
-            embedding_init=nnx.initializers.normal(cfg.init_std),
-            embedding_metadata={"axes": ("vocab", "embed")},
-            dtype=cfg.dtype,
-            rngs=rngs,
-        )
+        if cfg.cutoffs:  # adaptive input and softmax: one module for both ends
+            self.vocab = AdaptiveVocab(
+                cfg.vocab_size, d, cfg.cutoffs, d_embed=cfg.embed_dim, div_val=cfg.div_val,
+                tie_weight=cfg.tie_embeddings, tie_projs=cfg.tie_projs or None,
+                init_std=cfg.init_std, rngs=rngs,
+            )  # fmt: skip
+        else:
+            self.embed = nnx.Embed(
+                cfg.vocab_size,
+                d,
+                embedding_init=nnx.initializers.normal(cfg.init_std),
+                embedding_metadata={"axes": ("vocab", "embed")},
+                dtype=cfg.dtype,
+                rngs=rngs,
+            )
         for name, param in schemes.get(cfg.position).shared_params(cfg, rngs).items():
             setattr(self, name, param)
         self.drop = Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         if cfg.pre_norm:
             self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)
-        if not cfg.tie_embeddings:
+        if not cfg.tie_embeddings and not cfg.cutoffs:
             self.head = nnx.Linear(
                 d,
                 cfg.vocab_size,
@@ -225,7 +239,7 @@ class TransformerLM(nnx.Module):
             raise ValueError(
                 f"TransformerLM: tokens.shape={tokens.shape} is invalid; pass [batch, time] ints"
             )
-        embeddings = self.embed(tokens) * math.sqrt(self.config.d_model)
+        embeddings = self._token_embeddings(tokens)
         return self.forward_embeddings(
             embeddings,
             mems,
@@ -271,12 +285,20 @@ class TransformerLM(nnx.Module):
         if cfg.pre_norm:
             x = self.final_norm(x)
         x = self.drop(x, deterministic=deterministic)
-        if cfg.tie_embeddings:
+        if cfg.cutoffs:  # every word's log-probability: the logits of a normalised softmax
+            logits = self.vocab.log_probs(x)
+        elif cfg.tie_embeddings:
             embedding = self.embed.embedding[...].astype(x.dtype)
             logits = precision.einsum("btd,vd->btv", x, embedding, out_dtype=jnp.float32)
         else:
             logits = self.head(x)
         return logits.astype(jnp.float32), new_mems
+
+    def _token_embeddings(self, tokens: jax.Array) -> jax.Array:
+        """``[B, T]`` ids -> ``[B, T, D]``, scaled by √D as Transformer-XL does."""
+        if self.config.cutoffs:
+            return self.vocab.embed(tokens, self.config.dtype)
+        return self.embed(tokens) * math.sqrt(self.config.d_model)
 
     def attention_probabilities(
         self, tokens: jax.Array, mems: memory_lib.Memory | None = None, *, layer: int = 0
@@ -294,7 +316,7 @@ class TransformerLM(nnx.Module):
                 "(model.init_mems(batch) without keys_values)"
             )
         ctx = self._position_context(mems, tokens.shape[1], 0, None, True)
-        x = self.embed(tokens) * math.sqrt(self.config.d_model)
+        x = self._token_embeddings(tokens)
         x = self._add_absolute_positions(x, ctx.q_pos)
         for block, mem_BMD in zip(self.blocks[:layer], mems.states[:layer], strict=True):
             x = block(x, mem_BMD, ctx, deterministic=True)

@@ -1,6 +1,7 @@
 """The adaptive vocabulary against a float64 loop reference written from the papers' formulas and
 the official code: its embeddings, every word's log-probability, the loss and every gradient, for
-one table (div_val 1) and per-cluster tables (div_val 2), tied and untied."""
+one table (div_val 1) and per-cluster tables (div_val 2), tied and untied; then in the model
+(``model.cutoffs``), through a training run that checkpoints and resumes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from relpos_jax import TransformerLM
 from relpos_jax.adaptive import AdaptiveVocab
 from relpos_jax.errors import ConfigError
+from relpos_jax.train import Trainer
 
 V, D, CUTOFFS = 23, 8, (5, 11, 17)  # a shortlist of 5 words, tails of 6, 6 and 6
 
@@ -168,3 +171,58 @@ def test_bad_clusters_are_one_line(kwargs, field):
     with pytest.raises(ConfigError, match=field) as error:
         AdaptiveVocab(V, D, cutoffs, rngs=nnx.Rngs(0), **kwargs)
     assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------------- the model
+
+
+def _clustered(**overrides):
+    config = dict(
+        position="txl", n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=8, dropout=0.0,
+        cutoffs=(64, 128), div_val=2, tie_projs=(False, True, True),
+    )  # fmt: skip
+    return TransformerLM({**config, **overrides}, rngs=nnx.Rngs(0))
+
+
+def test_model_with_clusters_gives_every_byte_a_normalised_log_probability():
+    model = _clustered()
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, 256)
+    log_probs, _ = model(tokens, model.init_mems(2))
+    assert log_probs.shape == (2, 6, 256)
+    np.testing.assert_allclose(jnp.exp(log_probs).sum(-1), 1.0, rtol=1e-5)
+    assert not hasattr(model, "embed") and not hasattr(model, "head")  # the clusters replace both
+
+    def loss(model):
+        out, _ = model(tokens, model.init_mems(2))
+        return -jnp.take_along_axis(out, tokens[..., None], -1).mean()
+
+    grads = nnx.grad(loss)(model)
+    for name in ("embed_0", "embed_2", "proj_1", "out_proj_0", "bias_2", "cluster_weight"):
+        assert float(jnp.abs(grads["vocab"][name][...]).max()) > 0, name  # input and output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (dict(cutoffs=(), tie_projs=()), "model.cutoffs"),  # div_val 2 without clusters
+        (dict(cutoffs=(64, 300)), "model.cutoffs"),
+        (dict(tie_projs=(True,)), "model.tie_projs"),
+        (dict(d_embed=0), "model.d_embed"),
+    ],
+)
+def test_bad_cluster_settings_of_the_model_are_one_line(overrides, field):
+    with pytest.raises(ConfigError, match=field) as error:
+        _clustered(**overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_a_clustered_run_trains_checkpoints_and_resumes(tiny, tmp_path):
+    config, _ = tiny
+    config = config.copy_and_resolve_references()
+    config.model.update(cutoffs=(32, 128), div_val=2)
+    config.train.update(steps=4, eval_every=0, ckpt_every=2)
+    summary = Trainer(config, tmp_path / "run").run()
+    assert np.isfinite(summary["valid_bpc"]), summary
+    config.train.steps = 6
+    resumed = Trainer(config, tmp_path / "run")
+    assert resumed.resumed_from == 4
