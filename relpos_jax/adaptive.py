@@ -20,8 +20,10 @@ model width ``d_proj`` (no projection where ``div_val = 1`` and ``d_embed = d_pr
   the log-probabilities over the vocabulary sum to one.
 
 With ``div_val = 1`` there is one table ``[V, d_embed]`` (one projection on the input side), and
-each cluster's output reads its rows of it. The tails are scored for every position in chunks of
-``chunk`` positions (static shapes; a tail's ``[chunk, V_i]`` logits live at a time).
+each cluster's output reads its rows of it. ``log_probs`` gives every word's log-probability
+(``[N, V]``, what the model returns as its logits); ``log_prob`` only the targets', scoring the
+tails in chunks of ``chunk`` positions (static shapes; one chunk's ``[chunk, V_i]`` logits live at
+a time, recomputed in the backward pass).
 
 Legend: N positions, D = d_proj (the model width), V vocabulary, C tail clusters.
 """
