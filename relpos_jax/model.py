@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from relpos_jax import memory as memory_lib
@@ -258,6 +259,42 @@ class TransformerLM(nnx.Module):
         attention_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, memory_lib.AnyMemory]:
         """The model from (scaled) token embeddings on: what the causality tests differentiate."""
+        x, new_mems = self._hidden(
+            x_BTD, mems, deterministic=deterministic, position_offset=position_offset,
+            attention_mask=attention_mask,
+        )  # fmt: skip
+        return self._logits(x), new_mems
+
+    def target_log_probs(
+        self,
+        tokens: jax.Array,
+        targets: jax.Array,
+        mems: memory_lib.AnyMemory | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> tuple[jax.Array, memory_lib.AnyMemory]:
+        """``log p(targets)`` ``[B, T]`` float32 for one segment, and the new memory (what the
+        training loss needs). With clusters (``model.cutoffs``) only the targets' probabilities are
+        computed (``AdaptiveVocab.log_prob``), never ``[B, T, V]``; else from the logits."""
+        x, new_mems = self._hidden(
+            self._token_embeddings(tokens), mems, deterministic=deterministic
+        )
+        if self.config.cutoffs:
+            return self.vocab.log_prob(x, targets), new_mems
+        losses = optax.softmax_cross_entropy_with_integer_labels(self._logits(x), targets)
+        return -losses, new_mems
+
+    def _hidden(
+        self,
+        x_BTD: jax.Array,
+        mems: memory_lib.AnyMemory | None,
+        *,
+        deterministic: bool,
+        position_offset: int | jax.Array = 0,
+        attention_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, memory_lib.AnyMemory]:
+        """The final hidden states ``[B, T, D]`` (after the final norm and dropout) and the new
+        memory."""
         cfg = self.config
         batch, seg_len, _ = x_BTD.shape
         if mems is None:
@@ -284,15 +321,19 @@ class TransformerLM(nnx.Module):
             new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
         if cfg.pre_norm:
             x = self.final_norm(x)
-        x = self.drop(x, deterministic=deterministic)
+        return self.drop(x, deterministic=deterministic), new_mems
+
+    def _logits(self, x_BTD: jax.Array) -> jax.Array:
+        """``[B, T, V]`` float32 from the final hidden states."""
+        cfg = self.config
         if cfg.cutoffs:  # every word's log-probability: the logits of a normalised softmax
-            logits = self.vocab.log_probs(x)
+            logits = self.vocab.log_probs(x_BTD)
         elif cfg.tie_embeddings:
-            embedding = self.embed.embedding[...].astype(x.dtype)
-            logits = precision.einsum("btd,vd->btv", x, embedding, out_dtype=jnp.float32)
+            embedding = self.embed.embedding[...].astype(x_BTD.dtype)
+            logits = precision.einsum("btd,vd->btv", x_BTD, embedding, out_dtype=jnp.float32)
         else:
-            logits = self.head(x)
-        return logits.astype(jnp.float32), new_mems
+            logits = self.head(x_BTD)
+        return logits.astype(jnp.float32)
 
     def _token_embeddings(self, tokens: jax.Array) -> jax.Array:
         """``[B, T]`` ids -> ``[B, T, D]``, scaled by √D as Transformer-XL does."""

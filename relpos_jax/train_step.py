@@ -44,8 +44,8 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 def segment_loss(model, inputs, targets, mems):
     """The mean cross-entropy of one segment (dropout on) and the memory after it."""
-    logits, new_mems = model(inputs, mems, deterministic=False)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), new_mems
+    log_probs, new_mems = model.target_log_probs(inputs, targets, mems, deterministic=False)
+    return -log_probs.mean(), new_mems
 
 
 def _micro_batches(tree, parts: int, axis: int):

@@ -200,6 +200,24 @@ def test_model_with_clusters_gives_every_byte_a_normalised_log_probability():
         assert float(jnp.abs(grads["vocab"][name][...]).max()) > 0, name  # input and output
 
 
+@pytest.mark.parametrize("clusters", [True, False])
+def test_target_log_probs_are_the_log_softmax_of_the_logits_at_the_targets(clusters):
+    """What the training loss reads: with clusters computed without the [B, T, V] table."""
+    model = _clustered() if clusters else _clustered(cutoffs=(), div_val=1, tie_projs=())
+    tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 256)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    @nnx.jit
+    def both(model):
+        mems = model.init_mems(2)
+        return model.target_log_probs(inputs, targets, mems), model(inputs, mems)
+
+    (log_p, mems_a), (logits, mems_b) = both(model)
+    expected = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(log_p, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(mems_a.states, mems_b.states)
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
