@@ -101,12 +101,6 @@ class Block(nnx.Module):
         x = self.norm_attention(x_BTD + self.drop(attended, deterministic=deterministic))
         return self.norm_feed_forward(x + self.feed_forward(x, deterministic=deterministic))
 
-    def _token_embeddings(self, tokens: jax.Array) -> jax.Array:
-        """``[B, T]`` ids -> ``[B, T, D]``, scaled by √D as Transformer-XL does."""
-        if self.config.cutoffs:
-            return self.vocab.embed(tokens, self.config.dtype)
-        return self.embed(tokens) * math.sqrt(self.config.d_model)
-
     def attention_probabilities(self, x_BTD, mem_BMD, ctx: PositionContext) -> jax.Array:
         return self.attention.probabilities(*self._attention_inputs(x_BTD, mem_BMD), ctx)
 
