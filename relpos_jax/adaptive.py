@@ -42,9 +42,11 @@ from relpos_jax.errors import fail
 from relpos_jax.ops import precision
 
 
-def check(vocab_size: int, cutoffs: Sequence[int], div_val: int, d_embed: int) -> None:
-    """Refuse cutoffs that do not cut the vocabulary into non-empty increasing clusters, in one
-    line."""
+def check(
+    vocab_size: int, cutoffs: Sequence[int], div_val: int, d_embed: int, tie_projs=()
+) -> None:
+    """Refuse, in one line, cutoffs that do not cut the vocabulary into non-empty increasing
+    clusters, a cluster without width, and tie_projs (when given) not one flag per cluster."""
     bounds = [0, *cutoffs, vocab_size]
     if any(a >= b for a, b in itertools.pairwise(bounds)):
         fail("model.cutoffs", list(cutoffs), f"use increasing ids in (0, {vocab_size})")
@@ -52,6 +54,9 @@ def check(vocab_size: int, cutoffs: Sequence[int], div_val: int, d_embed: int) -
         fail("model.div_val", div_val, "use a positive integer (1: one embedding width)")
     if d_embed // div_val ** len(cutoffs) < 1:
         fail("model.div_val", div_val, f"d_embed={d_embed} leaves the last cluster no width")
+    if tie_projs and len(tie_projs) != len(cutoffs) + 1:
+        clusters = len(cutoffs) + 1
+        fail("model.tie_projs", list(tie_projs), f"give one flag per cluster ({clusters})")
 
 
 def _param(rngs: nnx.Rngs, shape, std: float, axes) -> nnx.Param:
@@ -76,13 +81,13 @@ class AdaptiveVocab(nnx.Module):
         rngs: nnx.Rngs,
     ):
         d_embed = d_proj if d_embed is None else d_embed
-        check(vocab_size, cutoffs, div_val, d_embed)
+        check(vocab_size, cutoffs, div_val, d_embed, tie_projs)
         self.bounds = (0, *cutoffs, vocab_size)
         self.clusters = len(self.bounds) - 1
         self.div_val, self.d_proj, self.chunk = div_val, d_proj, chunk
-        tie_projs = (False,) * self.clusters if tie_projs is None else tuple(tie_projs)
-        if len(tie_projs) != self.clusters:
-            fail("model.tie_projs", list(tie_projs), f"give one flag per cluster ({self.clusters})")
+        # clusters are projected to D: per-cluster widths, or one width other than D
+        self.projected = div_val > 1 or d_embed != d_proj
+        tie_projs = tuple(tie_projs) if tie_projs else (False,) * self.clusters
         self.tie_weight, self.tie_projs = tie_weight, tie_projs
         sizes = [b - a for a, b in itertools.pairwise(self.bounds)]
         widths = [d_embed // div_val**i for i in range(self.clusters)]
@@ -92,10 +97,10 @@ class AdaptiveVocab(nnx.Module):
             if not tie_weight:
                 setattr(self, f"out_{i}", _param(rngs, shape, init_std, ("vocab", None)))
         for i, width in enumerate(widths if div_val > 1 else [d_embed]):
-            if div_val > 1 or d_embed != d_proj:
+            if self.projected:
                 setattr(self, f"proj_{i}", _param(rngs, (d_proj, width), init_std, ("embed", None)))
         for i in range(self.clusters):  # the output projections that are not the input's
-            if self._projected() and not tie_projs[i]:
+            if self.projected and not tie_projs[i]:
                 width = widths[i] if div_val > 1 else d_embed
                 setattr(
                     self, f"out_proj_{i}", _param(rngs, (d_proj, width), init_std, ("embed", None))
@@ -106,10 +111,6 @@ class AdaptiveVocab(nnx.Module):
             self.cluster_bias = nnx.Param(jnp.zeros(self.clusters - 1, jnp.float32), axes=(None,))
 
     # ------------------------------------------------------------------------------ structure
-
-    def _projected(self) -> bool:
-        """Whether clusters are projected (per-cluster widths, or one width other than D)."""
-        return self.div_val > 1 or hasattr(self, "proj_0")
 
     def _table(self, i: int, output: bool) -> jax.Array:
         """Cluster i's rows ``[V_i, d_i]`` (the input table, or the output one when untied)."""
@@ -122,7 +123,7 @@ class AdaptiveVocab(nnx.Module):
     def _projection(self, i: int, output: bool) -> jax.Array | None:
         """Cluster i's projection ``[D, d_i]`` (the input's where ``tie_projs[i]``), or None. With
         ``div_val = 1`` the input side has one projection, which tied clusters share."""
-        if not self._projected():
+        if not self.projected:
             return None
         if output and not self.tie_projs[i]:
             return getattr(self, f"out_proj_{i}")[...]

@@ -229,9 +229,9 @@ class ModelConfig(_Section):
         if not self.cutoffs and (self.div_val != 1 or self.d_embed is not None or self.tie_projs):
             fail("model.cutoffs", (), "div_val, d_embed and tie_projs need cutoffs (clusters)")
         if self.cutoffs:
-            adaptive.check(self.vocab_size, self.cutoffs, self.div_val, self.embed_dim)
-            if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
-                fail("model.tie_projs", self.tie_projs, "give one flag per cluster (cutoffs + 1)")
+            adaptive.check(
+                self.vocab_size, self.cutoffs, self.div_val, self.embed_dim, self.tie_projs
+            )
         schemes.get(self.position).validate(self)
         if self.rope_scaling is not None:  # last, so that messages show the dict as given
             frozen = {

@@ -166,7 +166,7 @@ class TransformerLM(nnx.Module):
         if cfg.cutoffs:  # adaptive input and softmax: one module for both ends
             self.vocab = AdaptiveVocab(
                 cfg.vocab_size, d, cfg.cutoffs, d_embed=cfg.embed_dim, div_val=cfg.div_val,
-                tie_weight=cfg.tie_embeddings, tie_projs=cfg.tie_projs or None,
+                tie_weight=cfg.tie_embeddings, tie_projs=cfg.tie_projs,
                 init_std=cfg.init_std, rngs=rngs,
             )  # fmt: skip
         else:
