@@ -10,9 +10,9 @@ XLA's temporary memory of the compiled program (``memory_analysis``: what the at
 intermediates need, read before anything runs), the process's peak resident memory, and the median
 time of the compiled call (``--repeats`` calls after a warm-up; more, up to 9, for a call under a
 second, so that about 2 s are timed). A cell whose temporary memory would not fit ``--max-gib`` is
-not run and reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out``
-(default ``docs/results``) after every cell, and renders ``tiled_attention.md`` from it, with the
-checks: tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k
+not run and reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell)
+in ``--out`` (default ``docs/results``) after every cell, and renders ``tiled_attention.md`` from
+it, with the checks: tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k
 (≤ 1/8), tiled over dense time at 1k (≤ 1.3×). A stopped run, started again with the same
 command, keeps the cells it measured and goes on (``--fresh``: measure them all again).
 """
