@@ -79,7 +79,7 @@ def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
         progress = min(1.0, (step - t.warmup_steps) / max(1, steps - t.warmup_steps))
         return t.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
-    train = data.open_split(d.name, "train", path=d.path, data_dir=d.dir)
+    train = data.open_data(d, "train")
     dataset = data.train_dataset(train, d.batch_size, d.segment_len)
     mems, start = None, time.perf_counter()
     model.train()
@@ -103,7 +103,7 @@ def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
             )
     minutes = (time.perf_counter() - start) / 60
     model.eval()
-    test = data.open_split(d.name, "test", path=d.path, data_dir=d.dir)
+    test = data.open_data(d, "test")
     total, count, mems = 0.0, 0.0, None
     with torch.no_grad():
         for batch in data.eval_batches(test, cfg.eval.batch_size, d.segment_len):

@@ -114,7 +114,7 @@ def main() -> None:
         workdir = pathlib.Path(args.runs) / f"{scheme}_mem0_seed{args.seed}"
         config = config_for(scheme, 0, args.seed, args.set)
         model, cfg, _ = restore_model(config, workdir)
-        stream = data.open_split(cfg.data.name, "test", path=cfg.data.path, data_dir=cfg.data.dir)
+        stream = data.open_data(cfg.data, "test")
         print(f"{scheme} ({workdir})")
         results[scheme] = measure(model, stream, lengths, args)
         if scheme != "rope":

@@ -58,7 +58,7 @@ def main() -> None:
     losses = {}
     for label, config, workdir in runs:
         model, cfg, step = restore_model(config, workdir)
-        test = data.open_split(cfg.data.name, "test", path=cfg.data.path, data_dir=cfg.data.dir)
+        test = data.open_data(cfg.data, "test")
         losses[label] = context_token_losses(
             model, test, contexts, segment_len=args.segment, n_tokens=args.tokens, batch_size=16
         )

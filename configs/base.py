@@ -54,8 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
     m.query_tile = 512  # tiled: queries per tile (a layer holds query_tile·key_tile logits a head)
 
     c.data = d = ml_collections.ConfigDict()
-    d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | tfds:<name>
-    d.path = config_dict.placeholder(str)  # file or folder for text / enwik8 / text8
+    d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | wikitext103 | tfds:<name>
+    d.path = config_dict.placeholder(str)  # file, folder or zip for text / enwik8 / wikitext103 …
+    d.tokens = config_dict.placeholder(str)  # bytes | words (None: words for wikitext, else bytes)
+    d.vocab = config_dict.placeholder(str)  # words: vocabulary file (one per line), not train's
     d.dir = config_dict.placeholder(
         str
     )  # where built datasets live (default ~/.cache/relpos_jax/tfds)

@@ -261,17 +261,25 @@ class DataConfig(_Section):
     name: str
     path: str | None
     dir: str | None
+    tokens: str | None
+    vocab: str | None
     segment_len: int
     batch_size: int
 
     def __post_init__(self) -> None:
-        known = ("pystdlib", "text", "enwik8", "text8")
+        from relpos_jax.data import corpora  # here: config is imported where data is not needed
+
+        known = corpora.NAMES
         if not (self.name in known or self.name.startswith(("tfds:", "probe:"))):
             fail(
                 "data.name",
                 self.name,
                 f"use one of {', '.join(known)}, tfds:<name> or probe:<kind>:<distance>",
             )
+        if self.tokens not in (None, "bytes", "words"):
+            fail("data.tokens", self.tokens, "use bytes or words (None: the corpus's own)")
+        if self.tokens == "words" and self.name.startswith("probe:"):
+            fail("data.tokens", self.tokens, "probe corpora are byte-level, leave it unset")
         _at_least("data.segment_len", self.segment_len, 1)
         _at_least("data.batch_size", self.batch_size, 1)
 

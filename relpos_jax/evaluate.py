@@ -2,7 +2,9 @@
 
 ``evaluate(model, stream, ...)`` scans the split's rows segment by segment, the memory carried from
 one segment to the next (``eval.mem_len`` may be far longer than in training), and returns the mean
-loss in nats, bits per character (byte) and perplexity over exactly the scored tokens. Evaluation-time
+loss in nats, bits per token (``bpc`` too: per character at the byte level) and perplexity over
+exactly the scored tokens; only the targets' log-probabilities are computed, never ``[B, T, V]``
+logits (``model.target_log_probs``: an adaptive softmax scores a big vocabulary). Evaluation-time
 ``clamp_len`` and ``same_length`` give a model that shares the trained parameters. One compiled call
 (``score_segments``) scores ``SEGMENTS_PER_CALL`` segments, the memory carried between them by
 ``jax.lax.scan``: no host round trip and no cross-device sum until the end (~10% faster on a CPU).
@@ -20,7 +22,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
 from relpos_jax import data as data_lib
@@ -84,12 +85,12 @@ SEGMENTS_PER_CALL = 16
 """Segments that one compiled call scores, the memory carried between them by ``jax.lax.scan``."""
 
 
-def row_loss_sums(logits: jax.Array, segment: dict) -> tuple[jax.Array, jax.Array]:
-    """A segment's per-row sums of weighted losses and of weights ``[B]`` (the readout of
-    ``score_segments``): per row, so rows split over devices need nothing from each other."""
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
+def row_loss_sums(target_log_probs: jax.Array, segment: dict) -> tuple[jax.Array, jax.Array]:
+    """A segment's per-row sums of weighted losses and of weights ``[B]`` from its targets'
+    log-probabilities (the readout of ``score_segments``): per row, so rows split over devices need
+    nothing from each other."""
     weights = segment["weights"]
-    return (losses * weights).sum(-1), weights.sum(-1)
+    return -(target_log_probs * weights).sum(-1), weights.sum(-1)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -98,7 +99,7 @@ def score_segments(graphdef, state, block: dict, mems):
     call -> (per-row sums of weighted losses [B], of weights [B], the memory after the last
     segment)."""
     model = nnx.merge(graphdef, state)
-    (loss, count), mems = scan_segments(model, block, mems, row_loss_sums)
+    (loss, count), mems = scan_segments(model, block, mems, row_loss_sums, targets=True)
     return loss.sum(0), count.sum(0), mems
 
 
@@ -164,7 +165,8 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
     seconds = time.perf_counter() - start
     return {
         "loss": mean,
-        "bpc": mean * BITS_PER_NAT,
+        "bpc": mean * BITS_PER_NAT,  # bits per token: per character (byte) at the byte level
+        "bits_per_token": mean * BITS_PER_NAT,
         "ppl": math.exp(min(mean, 700.0)),
         "tokens": int(total_count),
         "tokens_per_sec": float(total_count / seconds),
@@ -207,9 +209,8 @@ def evaluate_split(
     """``evaluate`` on a split of ``config.data`` with ``settings`` (default
     ``EvalSettings.of(config)``)."""
     settings = settings or EvalSettings.of(config)
-    stream = data_lib.open_split(
-        config.data.name, split, path=config.data.path, data_dir=config.data.dir
-    )
+    stream = data_lib.open_data(config.data, split)
+    data_lib.check_vocab_size(stream, config.model.vocab_size)
     return evaluate(
         with_config(model, settings.model_config(model.config)),
         stream,

@@ -114,19 +114,28 @@ def logits_of(logits: jax.Array, segment: Any) -> jax.Array:
     return logits
 
 
-def segment_step(model: Any, readout: Readout = logits_of, *, deterministic: bool = True):
+def segment_step(
+    model: Any, readout: Readout = logits_of, *, deterministic: bool = True, targets: bool = False
+):
     """The one step over segments that evaluation, RECL, probes and generation share:
     ``step(mems, segment) -> (mems, readout(logits, segment))``.
 
     ``segment`` is the tokens ``[B, T]`` or a dict whose ``"inputs"`` they are (the other entries,
     such as targets, weights or a random key, are for ``readout``); ``readout`` keeps what the caller
     needs of the segment's logits (losses, predictions, a sample), so the logits of a long stream
-    never have to be held."""
+    never have to be held. With ``targets``, ``readout`` gets ``log p(segment["targets"])``
+    ``[B, T]`` instead (``model.target_log_probs``), and ``[B, T, V]`` logits are never built: what
+    scoring needs, with an adaptive softmax over a large vocabulary."""
 
     def step(mems: AnyMemory, segment: Any) -> tuple[AnyMemory, Any]:
         tokens = segment["inputs"] if isinstance(segment, dict) else segment
-        logits, mems = model(tokens, mems, deterministic=deterministic)
-        return mems, readout(logits, segment)
+        if targets:
+            scores, mems = model.target_log_probs(
+                tokens, segment["targets"], mems, deterministic=deterministic
+            )
+        else:
+            scores, mems = model(tokens, mems, deterministic=deterministic)
+        return mems, readout(scores, segment)
 
     return step
 
@@ -138,19 +147,22 @@ def scan_segments(
     readout: Readout = logits_of,
     *,
     deterministic: bool = True,
+    targets: bool = False,
 ) -> tuple[Any, AnyMemory]:
     """``jax.lax.scan`` of ``segment_step`` over ``segments`` (``[S, B, T]`` tokens, or a dict of
     ``[S, B, T]`` arrays with ``"inputs"``) -> (the readouts stacked ``[S, ...]``, the memory after the
     last segment). With dropout (``deterministic=False``) the model's random state is carried too."""
     if deterministic:
-        mems, outs = jax.lax.scan(segment_step(model, readout), mems, segments)
+        mems, outs = jax.lax.scan(segment_step(model, readout, targets=targets), mems, segments)
         return outs, mems
     graphdef, state = nnx.split(model)
 
     def step(carry, segment):
         state, mems = carry
         module = nnx.merge(graphdef, state)
-        mems, out = segment_step(module, readout, deterministic=False)(mems, segment)
+        mems, out = segment_step(module, readout, deterministic=False, targets=targets)(
+            mems, segment
+        )
         return (nnx.state(module), mems), out
 
     (state, mems), outs = jax.lax.scan(step, (state, mems), segments)

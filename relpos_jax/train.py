@@ -79,6 +79,10 @@ def _last_logged(workdir: pathlib.Path, key: str) -> float | None:
     return values[-1] if values else None
 
 
+def _valid_metrics(valid: dict) -> dict[str, float]:
+    return {"valid/bpc": valid["bpc"], "valid/ppl": valid["ppl"], "valid/loss": valid["loss"]}
+
+
 class Trainer:
     """Holds a run's model, optimizer, data and checkpoints; ``run()`` trains to ``train.steps``."""
 
@@ -92,13 +96,10 @@ class Trainer:
         self.mems_sharding = sharding.memory_sharding(self.mesh)
         if jax.process_count() > 1:  # one process builds the dataset, the others then read it
             if self.is_main:
-                data_lib.open_split(
-                    cfg.data.name, "train", path=cfg.data.path, data_dir=cfg.data.dir
-                )
+                data_lib.open_data(cfg.data, "train")
             multihost_utils.sync_global_devices("relpos_jax: dataset built")
-        self.stream = data_lib.open_split(
-            cfg.data.name, "train", path=cfg.data.path, data_dir=cfg.data.dir
-        )
+        self.stream = data_lib.open_data(cfg.data, "train")
+        data_lib.check_vocab_size(self.stream, cfg.model.vocab_size)
         dataset = data_lib.train_dataset(
             self.stream,
             cfg.data.batch_size,
@@ -299,9 +300,10 @@ class Trainer:
                 window_start, window_steps = time.perf_counter(), 0
             if eval_now:
                 valid = self.validate(cfg.eval_tokens)
-                writer.write(self.step, {"valid/bpc": valid["bpc"], "valid/loss": valid["loss"]})
+                writer.write(self.step, _valid_metrics(valid))
                 bar.write(
-                    f"step {self.step}: valid bpc {valid['bpc']:.4f} ({valid['tokens']:,} tokens)"
+                    f"step {self.step}: valid bpc {valid['bpc']:.4f}, ppl {valid['ppl']:.2f} "
+                    f"({valid['tokens']:,} tokens)"
                 )
                 window_start, window_steps = time.perf_counter(), 0
             if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
@@ -312,11 +314,12 @@ class Trainer:
             self.save()
         self.checkpointer.wait()
         valid = self.validate(None)
-        writer.write(self.step, {"valid/bpc": valid["bpc"], "valid/loss": valid["loss"]})
+        writer.write(self.step, _valid_metrics(valid))
         writer.close()
         summary = {
             "step": self.step,
             "valid_bpc": valid["bpc"],
+            "valid_ppl": valid["ppl"],
             "valid_tokens": valid["tokens"],
             "train_bpc": last.get("train/bpc", _last_logged(self.workdir, "train/bpc")),
             "seconds": time.perf_counter() - run_start,

@@ -1,12 +1,12 @@
 """Data: corpora -> tfds array_record builders -> token streams -> grain batches.
 
-``open_split(data_config, split)`` is the one entry point the training and evaluation code use.
+``open_data(config.data, split)`` is the one entry point the training and evaluation code use.
 """
 
 from __future__ import annotations
 
-from relpos_jax.data import tokenizer
-from relpos_jax.data.builders import CHUNK, build
+from relpos_jax.data import tokenizer, words
+from relpos_jax.data.builders import CHUNK, WordCorpus, build
 from relpos_jax.data.corpora import SPLITS, DataError
 from relpos_jax.data.pipeline import (
     ArrayStream,
@@ -15,25 +15,55 @@ from relpos_jax.data.pipeline import (
     sliding_batches,
     train_dataset,
 )
+from relpos_jax.data.words import Vocabulary
 
 
 def open_split(
-    name: str, split: str, *, path: str | None = None, data_dir: str | None = None
+    name: str,
+    split: str,
+    *,
+    path: str | None = None,
+    data_dir: str | None = None,
+    tokens: str | None = None,
+    vocab: str | None = None,
 ) -> TokenStream:
-    """The token stream of ``split`` (train / valid / test) of corpus ``name``."""
+    """The token stream of ``split`` (train / valid / test) of corpus ``name``: bytes, or word ids
+    (``tokens="words"``, the default for WikiText) with the stream's ``vocabulary``."""
     if split not in SPLITS:
         raise DataError(f"split={split!r} is invalid; use one of {SPLITS}")
-    builder = build(name, path, data_dir)
-    return TokenStream(builder.as_data_source(split), CHUNK)
+    builder = build(name, path, data_dir, tokens=tokens, vocab=vocab)
+    source = builder.as_data_source(split)
+    if isinstance(builder, WordCorpus):
+        return TokenStream(source, CHUNK, "ids", Vocabulary(builder.info.metadata["vocab"]))
+    return TokenStream(source, CHUNK)
+
+
+def open_data(data_config, split: str) -> TokenStream:
+    """``open_split`` of ``split`` of the corpus a config's ``data`` section names."""
+    d = data_config
+    return open_split(d.name, split, path=d.path, data_dir=d.dir, tokens=d.tokens, vocab=d.vocab)
+
+
+def check_vocab_size(stream: TokenStream, vocab_size: int) -> None:
+    """A word-level corpus needs ``model.vocab_size`` to be its vocabulary's size (one line)."""
+    if stream.vocabulary is not None and len(stream.vocabulary) != vocab_size:
+        raise DataError(
+            f"model.vocab_size={vocab_size} is invalid; the corpus has {len(stream.vocabulary):,} "
+            f"words, set --config.model.vocab_size={len(stream.vocabulary)}"
+        )
 
 
 __all__ = [
     "ArrayStream",
     "DataError",
     "TokenStream",
+    "Vocabulary",
+    "check_vocab_size",
     "eval_batches",
+    "open_data",
     "open_split",
     "sliding_batches",
     "tokenizer",
     "train_dataset",
+    "words",
 ]

@@ -1,9 +1,11 @@
 """Every corpus as a tensorflow-datasets builder in the array_record format (no TensorFlow needed).
 
-Each split is stored as its byte stream cut into fixed-size records (``CHUNK`` bytes, the last one
-shorter), in order, so that any span of the stream is one or two random-access reads. A corpus is
-built once into ``data.dir`` (default ``~/.cache/relpos_jax/tfds``) and reused; its config name
-identifies the content (the Python version for pystdlib, path/size/mtime for user files).
+Each split is stored as its token stream cut into fixed-size records (``CHUNK`` tokens, the last one
+shorter), in order, so that any span of the stream is one or two random-access reads: bytes
+(``ByteCorpus``, feature ``bytes``) or word ids (``WordCorpus``, feature ``ids``, its vocabulary in
+the dataset's metadata; ``words.py``). A corpus is built once into ``data.dir`` (default
+``~/.cache/relpos_jax/tfds``) and reused; its config name identifies the content (the Python version
+for pystdlib, path/size/mtime for user files and a vocabulary file).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from relpos_jax.data import corpora, probes
+from relpos_jax.data import corpora, probes, words
 
 CHUNK = 1 << 16
 DEFAULT_DIR = pathlib.Path(
@@ -30,20 +32,25 @@ TFDS_SPLITS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "te
 class CorpusConfig(tfds.core.BuilderConfig):
     corpus: str = "pystdlib"
     path: str | None = None
+    vocab: str | None = None  # words: a vocabulary file instead of the train-built one
 
 
-def _chunks(pieces, size=CHUNK):
-    """Records of ``size`` bytes; an empty split is one empty record (tfds needs one), so that an
-    empty or tiny corpus reaches the pipeline's one-line "too small" error instead."""
-    buffer, written = bytearray(), False
+def _records(pieces, dtype, size=CHUNK):
+    """Records of ``size`` tokens from arrays (or byte strings) of any length; an empty split is one
+    empty record (tfds needs one), so that an empty or tiny corpus reaches the pipeline's one-line
+    "too small" error instead."""
+    parts, count, written = [], 0, False
     for piece in pieces:
-        buffer += piece
-        while len(buffer) >= size:
-            yield bytes(buffer[:size])
-            written = True
-            del buffer[:size]
-    if buffer or not written:
-        yield bytes(buffer)
+        parts.append(np.frombuffer(piece, np.uint8) if isinstance(piece, bytes) else piece)
+        count += len(parts[-1])
+        if count >= size:
+            joined = np.concatenate(parts)
+            whole = len(joined) // size * size
+            for start in range(0, whole, size):
+                yield joined[start : start + size]
+            written, parts, count = True, [joined[whole:]], len(joined) - whole
+    if count or not written:
+        yield np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
 
 def _tfds_pieces(name: str, split: str, data_dir: str | None):
@@ -62,6 +69,15 @@ def _tfds_pieces(name: str, split: str, data_dir: str | None):
     for index in range(len(source)):
         text = source[index][text_keys[0]]
         yield (text if isinstance(text, bytes) else str(text).encode()) + b"\n"
+
+
+def _pieces(cfg: CorpusConfig, split: str):
+    """The byte pieces of ``split`` of the configured corpus."""
+    if cfg.corpus.startswith("tfds:"):
+        return _tfds_pieces(cfg.corpus[5:], split, cfg.path)
+    if cfg.corpus.startswith("probe:"):
+        return probes.split_stream(cfg.corpus, split)
+    return corpora.split_stream(cfg.corpus, cfg.path, split)
 
 
 class ByteCorpus(tfds.core.GeneratorBasedBuilder):
@@ -83,30 +99,59 @@ class ByteCorpus(tfds.core.GeneratorBasedBuilder):
         return {split: self._generate_examples(split) for split in corpora.SPLITS}
 
     def _generate_examples(self, split):
+        for index, record in enumerate(_records(_pieces(self.builder_config, split), np.uint8)):
+            yield index, {"bytes": record}
+
+
+class WordCorpus(tfds.core.GeneratorBasedBuilder):
+    """A corpus as word ids (``words.py``), the vocabulary in the metadata (``metadata.json``)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=f"Word ids of {self.builder_config.corpus} in {CHUNK}-id records.",
+            features=tfds.features.FeaturesDict(
+                {"ids": tfds.features.Tensor(shape=(None,), dtype=np.int32)}
+            ),
+            metadata=tfds.core.MetadataDict(),
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
         cfg = self.builder_config
-        if cfg.corpus.startswith("tfds:"):
-            pieces = _tfds_pieces(cfg.corpus[5:], split, cfg.path)
-        elif cfg.corpus.startswith("probe:"):
-            pieces = probes.split_stream(cfg.corpus, split)
+        if cfg.vocab:
+            vocabulary = words.read_vocabulary(cfg.vocab)
         else:
-            pieces = corpora.split_stream(cfg.corpus, cfg.path, split)
-        for index, chunk in enumerate(_chunks(pieces)):
-            yield index, {"bytes": np.frombuffer(chunk, np.uint8)}
+            vocabulary = words.build_vocabulary(words.lines(_pieces(cfg, "train")))
+        self.info.metadata["vocab"] = vocabulary
+        vocab = words.Vocabulary(vocabulary)
+        return {split: self._generate_examples(vocab, split) for split in corpora.SPLITS}
+
+    def _generate_examples(self, vocab: words.Vocabulary, split: str):
+        ids = vocab.encode_lines(words.lines(_pieces(self.builder_config, split)))
+        for index, record in enumerate(_records(ids, np.int32)):
+            yield index, {"ids": record}
 
 
-def config_name(name: str, path: str | None) -> str:
+def config_name(name: str, path: str | None, vocab: str | None = None) -> str:
     if name == "pystdlib":
         return corpora.pystdlib_name()
     if name.startswith("probe:"):  # the generator's version: a change rebuilds
         return name.replace(":", "_").replace("-", "to") + f"_v{probes.VERSION}"
     if name.startswith("tfds:"):
         return "tfds_" + name[5:].replace("/", "_").replace(":", "_")
-    identity = str(name)
-    if path and pathlib.Path(path).expanduser().exists():
-        p = pathlib.Path(path).expanduser().resolve()
-        stat = p.stat()
-        identity += f"|{p}|{stat.st_size}|{stat.st_mtime_ns}"
+    identity = str(name) + _file_identity(path) + _file_identity(vocab)
     return f"{name}_{hashlib.sha1(identity.encode()).hexdigest()[:12]}"
+
+
+def _file_identity(path: str | None) -> str:
+    if not path or not pathlib.Path(path).expanduser().exists():
+        return ""
+    p = pathlib.Path(path).expanduser().resolve()
+    stat = p.stat()
+    return f"|{p}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
 def _quiet() -> None:
@@ -114,24 +159,42 @@ def _quiet() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
+def level(name: str, tokens: str | None) -> str:
+    """``data.tokens`` resolved: as given, else words for WikiText and bytes for the rest."""
+    return tokens or ("words" if name in corpora.WIKITEXT else "bytes")
+
+
 def build(
-    name: str, path: str | None = None, data_dir: str | pathlib.Path | None = None
-) -> ByteCorpus:
-    """The prepared builder of corpus ``name`` (built on first use)."""
+    name: str,
+    path: str | None = None,
+    data_dir: str | pathlib.Path | None = None,
+    *,
+    tokens: str | None = None,
+    vocab: str | None = None,
+) -> ByteCorpus | WordCorpus:
+    """The prepared builder of corpus ``name`` (built on first use), byte- or word-level."""
     if name.startswith("probe:"):
         probes.parse(name)  # a one-line error for a malformed probe name
-    elif not (
-        name in ("pystdlib", "text") or name in corpora.STANDARD_SPLIT or name.startswith("tfds:")
-    ):
+    elif not (name in corpora.NAMES or name.startswith("tfds:")):
         raise corpora.DataError(
-            f"data.name={name!r} is invalid; use pystdlib, text, enwik8, text8, tfds:<name> or "
+            f"data.name={name!r} is invalid; use {', '.join(corpora.NAMES)}, tfds:<name> or "
             "probe:<kind>:<distance>"
         )
-    if name in ("text", *corpora.STANDARD_SPLIT):
-        list(corpora.split_stream(name, path, "test"))  # fail early, with the one-line message
+    if name in ("text", *corpora.STANDARD_SPLIT, *corpora.WIKITEXT):
+        for _ in corpora.split_stream(name, path, "test"):  # fail early, in one line
+            break
+    word_level = level(name, tokens) == "words"
+    if word_level and vocab:
+        words.read_vocabulary(vocab)  # fail early, in one line
     _quiet()
-    config = CorpusConfig(name=config_name(name, path), corpus=name, path=path, version="1.0.0")
-    builder = ByteCorpus(
+    config = CorpusConfig(
+        name=config_name(name, path, vocab if word_level else None),
+        corpus=name,
+        path=path,
+        vocab=vocab if word_level else None,
+        version="1.0.0",
+    )
+    builder = (WordCorpus if word_level else ByteCorpus)(
         config=config, data_dir=str(data_dir or DEFAULT_DIR), file_format="array_record"
     )
     if not builder.is_prepared():

@@ -5,6 +5,9 @@
   with long-range dependencies, on every machine, no download. The Python version is part of its name.
 * ``text`` — a file or a folder of ``.txt``-like files (``data.path``), split 90/5/5 by position.
 * ``enwik8`` / ``text8`` — the standard 90M/5M/5M split of the file (or its ``.zip``).
+* ``wikitext103`` / ``wikitext2`` — the user's downloaded folder or ``.zip`` with
+  ``wiki.{train,valid,test}.tokens`` (or ``{train,valid,test}.txt``, the official code's names);
+  word-level (``words.py``) unless ``data.tokens=bytes``.
 * ``tfds:<name>`` — any TFDS text dataset (read by ``builders.py`` directly).
 """
 
@@ -19,10 +22,14 @@ from collections.abc import Iterator
 
 SPLITS = ("train", "valid", "test")
 STANDARD_SPLIT = {"enwik8": 90_000_000, "text8": 90_000_000}  # train bytes; valid and test 5M each
+WIKITEXT = ("wikitext103", "wikitext2")
 DOWNLOADS = {
     "enwik8": "http://mattmahoney.net/dc/enwik8.zip",
     "text8": "http://mattmahoney.net/dc/text8.zip",
+    "wikitext103": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
+    "wikitext2": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip",
 }
+NAMES = ("pystdlib", "text", *STANDARD_SPLIT, *WIKITEXT)
 
 
 class DataError(ValueError):
@@ -127,6 +134,33 @@ def standard_split(name: str, path: str | None, split: str) -> Iterator[bytes]:
     yield data[start:stop]
 
 
+def _wikitext_names(split: str) -> tuple[str, str]:
+    return f"wiki.{split}.tokens", f"{split}.txt"
+
+
+def wikitext_split(name: str, path: str | None, split: str) -> Iterator[bytes]:
+    """The split's file of a WikiText folder or zip (any folder depth inside the zip)."""
+    fix = f"download {DOWNLOADS[name]} and pass --config.data.path=/path/to/it (the zip or folder)"
+    if not path or not pathlib.Path(path).expanduser().exists():
+        raise DataError(f"data.path={path!r} is invalid; {name} is not bundled: {fix}")
+    root, wanted = pathlib.Path(path).expanduser(), _wikitext_names(split)
+    if zipfile.is_zipfile(root):
+        with zipfile.ZipFile(root) as archive:
+            members = [m for m in archive.namelist() if m.rsplit("/", 1)[-1] in wanted]
+            if members:
+                yield archive.read(sorted(members, key=len)[0])
+                return
+    elif root.is_dir():
+        for file_name in wanted:
+            found = sorted(root.rglob(file_name), key=lambda p: len(p.parts))
+            if found:
+                yield _read(found[0])
+                return
+    raise DataError(
+        f"data.path={str(root)!r} is invalid; it holds no {' or '.join(wanted)} for {name}: {fix}"
+    )
+
+
 def split_stream(name: str, path: str | None, split: str) -> Iterator[bytes]:
     """Byte pieces whose concatenation is ``split`` of corpus ``name`` (not ``tfds:``)."""
     if name == "pystdlib":
@@ -135,6 +169,6 @@ def split_stream(name: str, path: str | None, split: str) -> Iterator[bytes]:
         return text_split(path, split)
     if name in STANDARD_SPLIT:
         return standard_split(name, path, split)
-    raise DataError(
-        f"data.name={name!r} is invalid; use pystdlib, text, enwik8, text8 or tfds:<name>"
-    )
+    if name in WIKITEXT:
+        return wikitext_split(name, path, split)
+    raise DataError(f"data.name={name!r} is invalid; use {', '.join(NAMES)} or tfds:<name>")

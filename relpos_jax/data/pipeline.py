@@ -22,19 +22,23 @@ from relpos_jax.data.corpora import DataError
 
 
 class TokenStream:
-    """Random access to a split stored as fixed-size records (``builders.ByteCorpus``)."""
+    """Random access to a split stored as fixed-size records of feature ``key`` (``bytes`` of a
+    ``builders.ByteCorpus``, ``ids`` of a ``WordCorpus``); ``vocabulary`` is the word-level
+    corpus's ``words.Vocabulary`` (None for bytes)."""
 
-    def __init__(self, source, chunk: int):
-        self.source, self.chunk = source, chunk
+    vocabulary = None
+
+    def __init__(self, source, chunk: int, key: str = "bytes", vocabulary=None):
+        self.source, self.chunk, self.key, self.vocabulary = source, chunk, key, vocabulary
         count = len(source)
-        self.length = 0 if count == 0 else (count - 1) * chunk + len(source[count - 1]["bytes"])
+        self.length = 0 if count == 0 else (count - 1) * chunk + len(source[count - 1][key])
 
     def __len__(self) -> int:
         return self.length
 
     def read(self, start: int, stop: int) -> np.ndarray:
         first, last = start // self.chunk, (stop - 1) // self.chunk
-        pieces = [np.asarray(self.source[i]["bytes"]) for i in range(first, last + 1)]
+        pieces = [np.asarray(self.source[i][self.key]) for i in range(first, last + 1)]
         joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         offset = first * self.chunk
         return joined[start - offset : stop - offset]
