@@ -230,3 +230,23 @@ def test_a_word_level_corpus_refuses_another_vocab_size(wikitext, tmp_path):
     with pytest.raises(DataError, match=rf"model\.vocab_size={len(vocab) + 5} is invalid; .*"
                        rf"--config\.model\.vocab_size={len(vocab)}"):  # fmt: skip
         Trainer(config, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("name", "millions"),
+    [("txl_base_wt103", 151.1), ("txl_large_wt103", 285.2)],
+)
+def test_wt103_configs_build_the_papers_models(name, millions):
+    """The base model has the paper's 151M parameters; the large one, counted the same way (every
+    table, projection and bias of the official architecture), 285.2M where the paper's Table 1
+    says 257M."""
+    import jax
+    from flax import nnx
+
+    from relpos_jax.config import Config, load_config
+    from relpos_jax.model import TransformerLM
+
+    cfg = Config.from_any(load_config(ROOT / "configs" / f"{name}.py"))
+    model = nnx.eval_shape(lambda: TransformerLM(cfg.model, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert count / 1e6 == pytest.approx(millions, abs=0.05)
