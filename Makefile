@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-bench test-peers lint demo bench clean
+.PHONY: run test test-bench test-peers test-convert lint demo bench clean
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -28,6 +28,20 @@ test-peers: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
 	OFFICIAL_TXL_DIR="$(OFFICIAL_TXL_DIR)" $(PY) -m pytest -n 0 -ra tests/official_txl_test.py
 
+# The tests of relpos_jax.convert (the released Transformer-XL models from HuggingFace and the official
+# TensorFlow checkpoints), which `make test` (and CI) skip: they need the convert extra (CPU PyTorch,
+# transformers, TensorFlow), installed into a venv of its own so that TensorFlow never lands in .venv.
+CONVERT_VENV ?= .venv-convert
+CONVERT_STAMP := $(CONVERT_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+test-convert: $(CONVERT_STAMP)
+	JAX_PLATFORMS=cpu $(CONVERT_VENV)/bin/python -m pytest -n 0 -ra tests/convert_test.py
+
+$(CONVERT_STAMP): pyproject.toml constraints.txt
+	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)
+	$(CONVERT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,convert]"
+	rm -f $(CONVERT_VENV)/.installed-* && touch $@
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
@@ -43,4 +57,4 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(CONVERT_VENV) .pytest_cache

@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.pre_norm = False  # the paper is post-norm
     m.remat = False  # recompute each layer's activations in the backward pass (less memory)
     m.tie_embeddings = True  # output projection = input embedding transposed
+    m.output_bias = False  # tied plain softmax: a bias per token too (the official code has one)
     # Adaptive input and softmax (word-level vocabularies; relpos_jax.adaptive): the vocabulary,
     # ordered by frequency, cut into clusters at these ids; () is one plain softmax.
     m.cutoffs = ()  # e.g. (20000, 40000, 200000) for WikiText-103
@@ -97,4 +98,5 @@ def get_config() -> ml_collections.ConfigDict:
     ms.data = -1  # device mesh axis sizes; -1 takes the devices left
     ms.fsdp = 1
     ms.tensor = 1
+    ms.context = 1  # the segment and memory split into blocks (context parallelism; tiled only)
     return c

@@ -31,10 +31,10 @@ from relpos_jax.sharding import path_string
 MUST_MATCH = {
     "model": (
         "position", "vocab_size", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "mem_len",
-        "untie_r", "pre_norm", "tie_embeddings", "max_len", "shaw_max_distance", "t5_num_buckets",
-        "deberta_bucket_size",
+        "untie_r", "pre_norm", "tie_embeddings", "output_bias", "max_len", "shaw_max_distance",
+        "t5_num_buckets", "deberta_bucket_size",
     ),
-    "data": ("name", "path", "segment_len", "batch_size"),
+    "data": ("name", "path", "tokens", "vocab", "segment_len", "batch_size"),
 }  # fmt: skip
 
 

@@ -164,6 +164,7 @@ class ModelConfig(_Section):
     pre_norm: bool
     remat: bool
     tie_embeddings: bool
+    output_bias: bool
     cutoffs: tuple[int, ...]
     div_val: int
     d_embed: int | None
@@ -228,6 +229,10 @@ class ModelConfig(_Section):
             _at_least("model.d_embed", self.d_embed, 1)
         if not self.cutoffs and (self.div_val != 1 or self.d_embed is not None or self.tie_projs):
             fail("model.cutoffs", (), "div_val, d_embed and tie_projs need cutoffs (clusters)")
+        if self.output_bias and (self.cutoffs or not self.tie_embeddings):
+            fail(
+                "model.output_bias", True, "only a tied plain softmax lacks a bias; leave it False"
+            )
         if self.cutoffs:
             adaptive.check(
                 self.vocab_size, self.cutoffs, self.div_val, self.embed_dim, self.tie_projs
@@ -352,9 +357,10 @@ class MeshConfig(_Section):
     data: int
     fsdp: int
     tensor: int
+    context: int
 
     def __post_init__(self) -> None:
-        for name in ("data", "fsdp", "tensor"):
+        for name in ("data", "fsdp", "tensor", "context"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
                 fail(f"mesh.{name}", value, "use a positive axis size or -1 (the devices left)")

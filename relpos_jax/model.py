@@ -87,6 +87,8 @@ class TransformerLM(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         if cfg.pre_norm:
             self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)
+        if cfg.output_bias:  # the tied softmax's bias (the official code's out_layers[0].bias)
+            self.output_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), axes=("vocab",))
         if not cfg.tie_embeddings and not cfg.cutoffs:
             self.head = nnx.Linear(
                 d,
@@ -228,6 +230,8 @@ class TransformerLM(nnx.Module):
         elif cfg.tie_embeddings:
             embedding = self.embed.embedding[...].astype(x_BTD.dtype)
             logits = precision.einsum("btd,vd->btv", x_BTD, embedding, out_dtype=jnp.float32)
+            if cfg.output_bias:
+                logits = precision.add_bias(logits, self.output_bias[...])
         else:
             logits = self.head(x_BTD)
         return logits.astype(jnp.float32)
