@@ -12,6 +12,7 @@ logits (``model.target_log_probs``: an adaptive softmax scores a big vocabulary)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -155,7 +156,8 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
             mems = model.init_mems(block["inputs"].shape[1], mem_len, keys_values=True)
         if mesh is not None:
             block, mems = _placed(block, mems, mesh)
-        loss, count, mems = score_segments(graphdef, state, block, mems)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            loss, count, mems = score_segments(graphdef, state, block, mems)
         sums.append((loss, count))
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
@@ -256,6 +258,11 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
         mesh = sharding.make_mesh(config.mesh)
     except ConfigError:  # a training mesh these devices do not fit: evaluation needs none
         mesh = None
+    if mesh is not None:
+        sharding.check_context(
+            mesh, config.model.attention_impl, segment_len=settings.segment_len,
+            mem_len=settings.mem_len,
+        )  # fmt: skip
     for split in splits:
         results[split] = evaluate_split(model, config, split, settings=settings, mesh=mesh)
     return results

@@ -1,7 +1,9 @@
 """Device mesh, logical axis rules and the shardings of parameters, optimizer state and batches.
 
-The mesh has three axes: ``data`` (batch rows), ``fsdp`` (batch rows, and parameters split along
-their model dimension), ``tensor`` (heads and the feed-forward dimension). Every parameter names its
+The mesh has four axes: ``data`` (batch rows), ``fsdp`` (batch rows, and parameters split along
+their model dimension), ``context`` (the segment and the memory split into contiguous blocks:
+context parallelism, ``attention.context``), ``tensor`` (heads and the feed-forward dimension).
+Every parameter names its
 dimensions by logical axes (``embed``, ``heads``, ``head_dim``, ``mlp``, ``vocab``, …) where it is
 created (its ``axes`` metadata: the model, the attention, each scheme's own parameters); ``RULES``
 maps each logical axis to mesh axes, and can be overridden. Batches and the segment memory are split over the batch
@@ -10,6 +12,7 @@ axes. Axis sizes of -1 take the devices left; a mesh that does not fit the devic
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,8 +24,9 @@ from jax.sharding import AxisType, NamedSharding
 
 from relpos_jax.config import MeshConfig, fail
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "context", "tensor")
 BATCH = ("data", "fsdp")
+CONTEXT = "context"
 
 # logical axis -> mesh axis (or axes, or None: replicated)
 RULES: dict[str, Any] = {
@@ -38,8 +42,9 @@ RULES: dict[str, Any] = {
 }
 
 
-def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int, int]:
+    """The axis sizes in ``AXES`` order (data, fsdp, context, tensor)."""
+    sizes = [getattr(cfg, axis) for axis in AXES]
     free = [i for i, s in enumerate(sizes) if s == -1]
     if len(free) > 1:
         fail("mesh", tuple(sizes), "at most one axis may be -1")
@@ -56,7 +61,7 @@ def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
         fail(
             "mesh",
             tuple(sizes),
-            f"data·fsdp·tensor = {math.prod(sizes)} must equal the {device_count} devices",
+            f"data·fsdp·context·tensor = {math.prod(sizes)} must equal the {device_count} devices",
         )
     return tuple(sizes)
 
@@ -64,7 +69,7 @@ def mesh_shape(cfg: MeshConfig, device_count: int) -> tuple[int, int, int]:
 def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
     devices = list(devices if devices is not None else jax.devices())
     shape = mesh_shape(cfg, len(devices))
-    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
 
 
 def logical_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = RULES) -> jax.P:
@@ -108,22 +113,57 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-    return NamedSharding(mesh, jax.P(BATCH, None))
+    """Batches ``[B, T]``: rows over the batch axes, the segment in blocks over ``context``."""
+    return NamedSharding(mesh, jax.P(BATCH, CONTEXT))
 
 
 def segments_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-    """Blocks of consecutive segments ``[S, B, T]``: each segment's rows split like the batch."""
-    return NamedSharding(mesh, jax.P(None, BATCH, None))
+    """Blocks of consecutive segments ``[S, B, T]``: each segment split like a batch."""
+    return NamedSharding(mesh, jax.P(None, BATCH, CONTEXT))
 
 
 def memory_sharding(mesh: jax.sharding.Mesh, *, keys_values: bool = False):
-    """The memory's rows split like the batch: ``Memory [L, B, M, D]`` or ``KeyValueMemory``."""
+    """The memory split like the batch, its slots in blocks over ``context``: ``Memory
+    [L, B, M, D]`` or ``KeyValueMemory`` (keys and values ``[L, B, N, H, M]``)."""
     from relpos_jax.memory import KeyValueMemory, Memory
 
-    if keys_values:  # keys and values [L, B, N, H, M]
-        rows = NamedSharding(mesh, jax.P(None, BATCH, None, None, None))
+    if keys_values:
+        rows = NamedSharding(mesh, jax.P(None, BATCH, None, None, CONTEXT))
         return KeyValueMemory(rows, rows, NamedSharding(mesh, jax.P()))
-    return Memory(NamedSharding(mesh, jax.P(None, BATCH, None, None)), NamedSharding(mesh, jax.P()))
+    return Memory(
+        NamedSharding(mesh, jax.P(None, BATCH, CONTEXT, None)), NamedSharding(mesh, jax.P())
+    )
+
+
+def check_context(mesh: jax.sharding.Mesh, attention_impl: str, **lengths: int) -> None:
+    """A ``context`` axis needs the tiled attention and must divide every length it splits
+    (``segment_len=…``, ``mem_len=…``): one line naming the numbers."""
+    blocks = mesh.shape[CONTEXT]
+    if blocks == 1:
+        return
+    if attention_impl != "tiled":
+        fail(
+            "mesh.context", blocks, "context parallelism needs --config.model.attention_impl=tiled"
+        )
+    for name, length in lengths.items():
+        if length % blocks:
+            fail(
+                "mesh.context",
+                blocks,
+                f"it must divide {name}={length} (the blocks the devices hold)",
+            )
+
+
+def under_mesh(mesh: jax.sharding.Mesh, fn):
+    """``fn`` traced with ``mesh`` as the abstract mesh, where the model reads its ``context``
+    axis (``attention.context.blocks``); for ``jax.jit``."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:

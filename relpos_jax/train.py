@@ -93,6 +93,10 @@ class Trainer:
         cfg = self.config
         self.mesh = sharding.make_mesh(cfg.mesh, devices)
         sharding.check_batch(cfg.data.batch_size, self.mesh, jax.process_count())
+        sharding.check_context(
+            self.mesh, cfg.model.attention_impl, segment_len=cfg.data.segment_len,
+            mem_len=cfg.model.mem_len,
+        )  # fmt: skip
         self.mems_sharding = sharding.memory_sharding(self.mesh)
         if jax.process_count() > 1:  # one process builds the dataset, the others then read it
             if self.is_main:

@@ -104,7 +104,7 @@ def jitted_train_step(graphdef, grad_accum: int, state_sharding: tuple, mesh):
     state = jax.tree.unflatten(*state_sharding)
     mems = sharding.memory_sharding(mesh)
     return jax.jit(
-        functools.partial(train_step_fn, graphdef, grad_accum),
+        functools.partial(sharding.under_mesh(mesh, train_step_fn), graphdef, grad_accum),
         in_shardings=(state, sharding.batch_sharding(mesh), mems),
         out_shardings=(state, mems, sharding.replicated(mesh)),
         donate_argnums=(0, 2),

@@ -46,7 +46,7 @@ def _result(process: subprocess.Popen, timeout=600) -> dict:
 @pytest.mark.parametrize(
     ("mesh", "devices", "names"),
     [
-        (MeshConfig(data=3), 8, "mesh=(3, 1, 1)"),
+        (MeshConfig(data=3), 8, "mesh=(3, 1, 1, 1)"),
         (MeshConfig(data=-1, fsdp=3), 8, "mesh.data=-1"),
         (MeshConfig(data=-1, fsdp=-1), 8, "at most one axis"),
     ],
@@ -58,7 +58,7 @@ def test_mesh_that_does_not_fit_is_one_line(mesh, devices, names):
 
 
 def test_batch_that_does_not_divide_the_data_axes():
-    mesh = jax.make_mesh((1, 1, 1), sharding.AXES, devices=jax.devices()[:1])
+    mesh = jax.make_mesh((1, 1, 1, 1), sharding.AXES, devices=jax.devices()[:1])
     sharding.check_batch(8, mesh, 1)
     with pytest.raises(
         ConfigError, match=r"data\.batch_size=6 is invalid; it must be a multiple of the 4"
@@ -112,7 +112,7 @@ def test_meshes_train_like_one_device(tmp_path):
             == "P('fsdp', 'tensor', None)"
         )
         assert run["w_q_shard"] == shard_of_w_q[name], name
-        assert run["mems"] == "P(None, ('data', 'fsdp'), None, None)"
+        assert run["mems"] == "P(None, ('data', 'fsdp'), 'context', None)"
         assert run["compiles"] == 1, name
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos_jax import schemes
+from relpos_jax.attention import context as context_parallel
 from relpos_jax.attention import tiled
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
@@ -182,11 +183,16 @@ class Attention(nnx.Module):
         )
         logit_term, value_term = tiled_hooks(self.config, k.shape[1] - q.shape[1])
         valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
-        return tiled.attend(
-            q, k, v, q_pos=ctx.q_pos, k_pos=ctx.k_pos, key_valid=valid, scale=self.scale,
-            params=params, logit_term=logit_term, value_term=value_term,
-            max_distance=self._max_distance(ctx), mask=ctx.mask, key_tile=self.config.key_tile,
-            query_tile=self.config.query_tile, dropatt=rate, dropout_key=key,
+        attend = functools.partial(
+            tiled.attend, scale=self.scale, logit_term=logit_term, value_term=value_term,
+            max_distance=self._max_distance(ctx), dropatt=rate,
+        )  # fmt: skip
+        if context_parallel.splits(q.shape[1], k.shape[1]):  # the mesh splits the segment
+            attend = functools.partial(context_parallel.attend, attend)
+        return attend(
+            q, k, v, q_pos=ctx.q_pos, k_pos=ctx.k_pos, key_valid=valid, params=params,
+            mask=ctx.mask, dropout_key=key, key_tile=self.config.key_tile,
+            query_tile=self.config.query_tile,
         )  # fmt: skip
 
     def probabilities(

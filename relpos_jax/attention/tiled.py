@@ -71,6 +71,7 @@ class _Config(NamedTuple):
     tile: int  # keys per tile
     num_tiles: int  # key tiles
     rate: float
+    varying: tuple[str, ...] = ()  # inside shard_map: the manual axes the inputs vary over
 
 
 def attend(
@@ -112,9 +113,16 @@ def attend(
     tile = k_len if key_tile is None else min(key_tile, k_len)
     rows = q_len if query_tile is None or key_tile is None else min(query_tile, q_len)
     num_tiles, num_rows = -(-k_len // tile), -(-q_len // rows)
+    inputs = (q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
+    varying = tuple(sorted(set().union(*(_vma(x) for x in jax.tree.leaves(inputs)))))
     cfg = _Config(
-        float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate
-    )
+        float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate,
+        varying,
+    )  # fmt: skip
+    if varying:  # one type for every input and carry; the gradient of a shared one is summed
+        q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key = _vary(
+            cfg, inputs
+        )
     if key_tile is None:
         return _dense(
             cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key
@@ -126,6 +134,24 @@ def attend(
         mask = jnp.pad(mask, ((0, num_rows * rows - q_len), (0, num_tiles * tile - k_len)))
     out = _tiled(cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
     return out[:, :q_len]
+
+
+def _vma(x) -> frozenset:
+    """The manual mesh axes ``x`` varies over (none outside ``jax.shard_map``)."""
+    manual = getattr(jax.typeof(x), "manual_axis_type", None)
+    return manual.varying if manual is not None else frozenset()
+
+
+def _vary(cfg: _Config, tree: Any) -> Any:
+    """``tree`` typed as varying over ``cfg.varying`` (inside ``jax.shard_map``; ``attention.context``):
+    scans and conds need one type for their carries, and ``pcast``'s transpose sums the gradient of
+    an input every device shares."""
+
+    def one(x):
+        missing = tuple(a for a in cfg.varying if a not in _vma(x))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(one, tree) if cfg.varying else tree
 
 
 def _pad(x: jax.Array, length: int) -> jax.Array:
@@ -244,7 +270,7 @@ def _forward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, va
         jnp.zeros((batch, heads, rows), F32),
         jnp.zeros((batch, rows, heads, head_dim), F32),
     )
-    (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
+    (m, l, acc), _ = jax.lax.scan(step, _vary(cfg, init), jnp.arange(cfg.num_tiles))
     some = l > 0  # every real query row has an allowed key; guard the others against 0/0
     l_safe = jnp.where(some, l, 1.0)
     return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), 0.0)
@@ -296,13 +322,13 @@ def _backward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows
             return (dq + dq_t.astype(F32), dparams), (dk_J.astype(F32), dv_J.astype(F32))
 
         def skip(carry):
-            zeros = jnp.zeros(k_J.shape, F32)
+            zeros = _vary(cfg, jnp.zeros(k_J.shape, F32))
             return carry, (zeros, zeros)
 
         return jax.lax.cond(allowed.any(), visit, skip, carry)
 
     init = (jnp.zeros(q_I.shape, F32), jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params))
-    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
+    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, _vary(cfg, init), jnp.arange(cfg.num_tiles))
     return dq_I, _untile(dk, k.shape), _untile(dv, v.shape), dparams
 
 
@@ -338,7 +364,7 @@ def _tiled_bwd(cfg: _Config, residuals, d_out):
         jnp.zeros(v.shape, F32),
         jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
     )
-    (dk, dv, dparams), dq = jax.lax.scan(rows, init, jnp.arange(cfg.num_query_tiles))
+    (dk, dv, dparams), dq = jax.lax.scan(rows, _vary(cfg, init), jnp.arange(cfg.num_query_tiles))
     dq = _untile(dq, q.shape)
     dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
     return (

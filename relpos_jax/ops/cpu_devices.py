@@ -37,7 +37,7 @@ def device_count_for(batch_sizes: Sequence[int], mesh: MeshConfig, cores: int) -
     (data·fsdp) divide every batch size; 1 if there is none."""
     for count in range(cores, 1, -1):
         try:
-            data, fsdp, _ = sharding.mesh_shape(mesh, count)
+            data, fsdp, *_ = sharding.mesh_shape(mesh, count)
         except ConfigError:
             continue
         if all(size % (data * fsdp) == 0 for size in batch_sizes):
