@@ -61,6 +61,8 @@ def test_data_context_tensor_mesh_trains_like_one_device(tmp_path):
     assert result["valid_split"] == pytest.approx(result["valid_one"], abs=1e-4)
     assert result["memory_spec"] == "P(None, ('data', 'fsdp'), 'context', None)"
     assert result["generated_equal"]  # one-token steps do not split: whole on every device
+    assert len(result["dropatt_losses"]) == 3 and np.isfinite(result["dropatt_losses"]).all()
+    assert np.isfinite(result["dropatt_valid"])
 
 
 def test_zigzag_gives_every_device_the_same_causal_work():

@@ -123,6 +123,10 @@ def train(workdir: pathlib.Path) -> None:
         if name == "split":
             memory = str(trainer.mems.states.sharding.spec)
             model = trainer.current_model()
+    dropping = tiny_config(workdir / "dropatt", split)  # masks drawn per device and key block
+    dropping.model.update(dropatt=0.2, dropout=0.1)
+    dropping.train.update(steps=3)
+    dropped = Trainer(dropping, workdir / "dropatt").run()
     prompt = jnp.asarray(np.random.default_rng(1).integers(0, 256, (1, 8)), jnp.int32)
     alone = generate(model, prompt, 6, rng=jax.random.key(0))
     with jax.set_mesh(sharding.make_mesh(split)):
@@ -136,6 +140,8 @@ def train(workdir: pathlib.Path) -> None:
                 "valid_split": summaries["split"]["valid_bpc"],
                 "memory_spec": memory,
                 "generated_equal": bool((np.asarray(alone) == np.asarray(under_mesh)).all()),
+                "dropatt_losses": losses(workdir / "dropatt"),
+                "dropatt_valid": dropped["valid_bpc"],
             }
         )
     )

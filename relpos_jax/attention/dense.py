@@ -183,16 +183,15 @@ class Attention(nnx.Module):
         )
         logit_term, value_term = tiled_hooks(self.config, k.shape[1] - q.shape[1])
         valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
-        attend = functools.partial(
-            tiled.attend, scale=self.scale, logit_term=logit_term, value_term=value_term,
+        hooks = dict(
+            scale=self.scale, logit_term=logit_term, value_term=value_term,
             max_distance=self._max_distance(ctx), dropatt=rate,
         )  # fmt: skip
-        if context_parallel.splits(q.shape[1], k.shape[1]):  # the mesh splits the segment
-            attend = functools.partial(context_parallel.attend, attend)
-        return attend(
+        split = context_parallel.splits(q.shape[1], k.shape[1])  # the mesh splits the segment
+        return (context_parallel.attend if split else tiled.attend)(
             q, k, v, q_pos=ctx.q_pos, k_pos=ctx.k_pos, key_valid=valid, params=params,
             mask=ctx.mask, dropout_key=key, key_tile=self.config.key_tile,
-            query_tile=self.config.query_tile,
+            query_tile=self.config.query_tile, **hooks,
         )  # fmt: skip
 
     def probabilities(

@@ -59,7 +59,7 @@ F32 = jnp.float32
 NEG = float(jnp.finfo(F32).min)  # a masked logit: exp(NEG − m) is 0, NEG − NEG is 0, never NaN
 
 
-class _Config(NamedTuple):
+class TileConfig(NamedTuple):
     """The static part of one call (hashed by ``custom_vjp``'s ``nondiff_argnums``)."""
 
     scale: float
@@ -97,6 +97,39 @@ def attend(
 
     Gradients flow to q, k, v and every (floating) leaf of ``params``; positions, validity, mask
     and key get none."""
+    q_len = q_BTNH.shape[1]
+    cfg, padded = plan(
+        q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key, scale=scale,
+        logit_term=logit_term, value_term=value_term, max_distance=max_distance,
+        key_tile=key_tile, query_tile=query_tile, dropatt=dropatt,
+    )  # fmt: skip
+    if key_tile is None:
+        return _dense(cfg, *padded)
+    return _tiled(cfg, *padded)[:, :q_len]
+
+
+def plan(
+    q_BTNH,
+    k_BKNH,
+    v_BKNH,
+    params,
+    q_pos,
+    k_pos,
+    key_valid,
+    mask,
+    dropout_key,
+    *,
+    scale,
+    logit_term,
+    value_term,
+    max_distance,
+    key_tile,
+    query_tile,
+    dropatt,
+) -> tuple[TileConfig, tuple]:
+    """``attend``'s checks, its static config and its inputs padded to whole tiles (unpadded with
+    ``key_tile=None``): ``(cfg, (q, k, v, params, q_pos, k_pos, key_valid, mask, key))``; inside
+    ``jax.shard_map`` every input typed as varying like the others (``_vary``)."""
     q_len, k_len = q_BTNH.shape[1], k_BKNH.shape[1]
     if not 0.0 <= dropatt < 1.0:
         raise ValueError(f"attend: dropatt={dropatt} must be in [0, 1)")
@@ -115,25 +148,20 @@ def attend(
     num_tiles, num_rows = -(-k_len // tile), -(-q_len // rows)
     inputs = (q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
     varying = tuple(sorted(set().union(*(_vma(x) for x in jax.tree.leaves(inputs)))))
-    cfg = _Config(
+    cfg = TileConfig(
         float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate,
         varying,
     )  # fmt: skip
-    if varying:  # one type for every input and carry; the gradient of a shared one is summed
-        q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key = _vary(
-            cfg, inputs
-        )
+    inputs = _vary(cfg, inputs)  # one type for every input and carry; shared gradients summed
     if key_tile is None:
-        return _dense(
-            cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key
-        )
+        return cfg, inputs
+    q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key = inputs
     k_BKNH, v_BKNH, k_pos = (_pad(x, num_tiles * tile) for x in (k_BKNH, v_BKNH, k_pos))
     q_BTNH, q_pos = (_pad(x, num_rows * rows) for x in (q_BTNH, q_pos))
     key_valid = jnp.pad(key_valid, (0, num_tiles * tile - k_len))
     if mask is not None:
         mask = jnp.pad(mask, ((0, num_rows * rows - q_len), (0, num_tiles * tile - k_len)))
-    out = _tiled(cfg, q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
-    return out[:, :q_len]
+    return cfg, (q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
 
 
 def _vma(x) -> frozenset:
@@ -142,7 +170,7 @@ def _vma(x) -> frozenset:
     return manual.varying if manual is not None else frozenset()
 
 
-def _vary(cfg: _Config, tree: Any) -> Any:
+def _vary(cfg: TileConfig, tree: Any) -> Any:
     """``tree`` typed as varying over ``cfg.varying`` (inside ``jax.shard_map``; ``attention.context``):
     scans and conds need one type for their carries, and ``pcast``'s transpose sums the gradient of
     an input every device shares."""
@@ -178,11 +206,11 @@ def allowed(q_pos_I, k_pos_J, valid_J=None, *, max_distance=None, mask_IJ=None) 
     return mask_IJ if valid_J is None else mask_IJ & valid_J[None, :]
 
 
-def _allowed(cfg: _Config, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
+def _allowed(cfg: TileConfig, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
     return allowed(q_pos_I, k_pos_J, valid_J, max_distance=cfg.max_distance, mask_IJ=mask_IJ)
 
 
-def _logits(cfg: _Config, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
+def _logits(cfg: TileConfig, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
     """``[B, N, I, J]`` float32 logits of the tile, before the mask."""
     s = cfg.scale * precision.einsum("binh,bjnh->bnij", q, k_J, out_dtype=F32)
     if cfg.logit_term is not None:
@@ -190,7 +218,7 @@ def _logits(cfg: _Config, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
     return s
 
 
-def _values(cfg: _Config, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
+def _values(cfg: TileConfig, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
     """``Σ_j p_ij v_j + value_term(p)`` -> ``[B, I, N, H]`` float32."""
     out = precision.einsum("bnij,bjnh->binh", p, v_J.astype(F32), out_dtype=F32)
     if cfg.value_term is not None:
@@ -198,7 +226,7 @@ def _values(cfg: _Config, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
     return out
 
 
-def _keep(cfg: _Config, key, index, shape) -> jax.Array | None:
+def _keep(cfg: TileConfig, key, index, shape) -> jax.Array | None:
     """Tile ``index``'s dropout factors (0 or the kept scale) ``[B, N, I, J]``, or None without
     dropout."""
     if cfg.rate == 0.0:
@@ -207,7 +235,7 @@ def _keep(cfg: _Config, key, index, shape) -> jax.Array | None:
     return jnp.where(keep, jnp.asarray(factor, F32), jnp.zeros((), F32))
 
 
-def _dense(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax.Array:
+def _dense(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax.Array:
     """The reference: one tile, the plain softmax, plain autodiff."""
     s = _logits(cfg, q, k, params, q_pos, k_pos)
     allowed = _allowed(cfg, q_pos, k_pos, valid, mask)
@@ -224,13 +252,13 @@ def _cut(x: jax.Array, index, size: int, axis: int) -> jax.Array:
     return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis)
 
 
-def _query_tile(cfg: _Config, i, q, q_pos, mask):
+def _query_tile(cfg: TileConfig, i, q, q_pos, mask):
     """Query tile i's queries ``[B, I, N, H]``, positions and mask rows (padded window)."""
     mask_I = None if mask is None else _cut(mask, i, cfg.query_tile, 0)
     return _cut(q, i, cfg.query_tile, 1), _cut(q_pos, i, cfg.query_tile, 0), mask_I
 
 
-def _key_tile(cfg: _Config, t, k, v, k_pos, valid, mask_I):
+def _key_tile(cfg: TileConfig, t, k, v, k_pos, valid, mask_I):
     """Key tile t's keys, values, key positions, validity and mask columns (padded window)."""
     mask_IJ = None if mask_I is None else _cut(mask_I, t, cfg.tile, 1)
     cut = lambda x, axis: _cut(x, t, cfg.tile, axis)  # noqa: E731
@@ -242,7 +270,7 @@ def _rows_to_output(x_BNI: jax.Array) -> jax.Array:
     return jnp.transpose(x_BNI, (0, 2, 1))[..., None]
 
 
-def _forward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key):
+def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key):
     """The online softmax of query tile i over the key tiles: ``(out [B, I, N, H] float32,
     lse [B, N, I])``."""
     batch, rows, heads, head_dim = q_I.shape
@@ -271,13 +299,14 @@ def _forward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, va
         jnp.zeros((batch, rows, heads, head_dim), F32),
     )
     (m, l, acc), _ = jax.lax.scan(step, _vary(cfg, init), jnp.arange(cfg.num_tiles))
-    some = l > 0  # every real query row has an allowed key; guard the others against 0/0
+    some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
     l_safe = jnp.where(some, l, 1.0)
-    return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), 0.0)
+    return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
 
 
-def _forward(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
-    """Every query tile: ``(out [B, T, N, H] in q's dtype, lse [B, N, T])``."""
+def forward(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key):
+    """Every query tile over every key tile of padded inputs (``plan``): ``(out [B, T, N, H]
+    float32, lse [B, N, T])``; a row that may attend no key has out 0 and lse ``NEG``."""
     batch, q_len, heads, _ = q.shape
 
     def rows(i):
@@ -285,12 +314,12 @@ def _forward(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
         return _forward_rows(cfg, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key)
 
     out, lse = jax.lax.map(rows, jnp.arange(cfg.num_query_tiles))  # [n_i, B, I, …]
-    out = jnp.moveaxis(out, 0, 1).reshape(q.shape).astype(q.dtype)
+    out = jnp.moveaxis(out, 0, 1).reshape(q.shape)
     lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, q_len)
     return out, lse
 
 
-def _backward_rows(cfg: _Config, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows_I, residuals):
+def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows_I, residuals):
     """Query tile i's share of the gradients: ``dq_I`` and, per key tile, ``dk_J, dv_J`` (all
     float32), and ``dparams`` summed over its key tiles."""
     k, v, params, k_pos, valid, key = residuals
@@ -337,12 +366,26 @@ def _untile(x_tBJNH: jax.Array, shape) -> jax.Array:
     return jnp.moveaxis(x_tBJNH, 0, 1).reshape(shape)
 
 
-def _tiled_fwd(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key):
-    out, lse = _forward(cfg, q, k, v, params, q_pos, k_pos, valid, mask, key)
+def _tiled_fwd(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key):
+    out, lse = forward(cfg, q, k, v, params, q_pos, k_pos, valid, mask, key)
+    out = out.astype(q.dtype)
     return out, (q, k, v, params, q_pos, k_pos, valid, mask, key, out, lse)
 
 
-def _tiled_bwd(cfg: _Config, residuals, d_out):
+def _tiled_bwd(cfg: TileConfig, residuals, d_out):
+    q, k, v, params = residuals[:4]
+    dq, dk, dv, dparams = gradients(cfg, residuals, d_out)
+    dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
+    return (
+        dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams,
+        None, None, None, None, None,
+    )  # fmt: skip
+
+
+def gradients(cfg: TileConfig, residuals, d_out):
+    """float32 ``(dq, dk, dv, dparams)`` of padded inputs from the residuals ``(q, k, v, params,
+    q_pos, k_pos, valid, mask, key, out, lse)``, where ``out`` and ``lse`` are those of the whole
+    softmax: so keys may come block by block (``context``'s ring), each block's share exact."""
     q, k, v, params, q_pos, k_pos, valid, mask, key, out, lse = residuals
     d_out = d_out.astype(F32)
     d_rows = jnp.einsum("binh,binh->bni", d_out, out.astype(F32))  # D_i = dO_i · O_i
@@ -365,17 +408,12 @@ def _tiled_bwd(cfg: _Config, residuals, d_out):
         jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
     )
     (dk, dv, dparams), dq = jax.lax.scan(rows, _vary(cfg, init), jnp.arange(cfg.num_query_tiles))
-    dq = _untile(dq, q.shape)
-    dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
-    return (
-        dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams,
-        None, None, None, None, None,
-    )  # fmt: skip
+    return _untile(dq, q.shape), dk, dv, dparams
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _tiled(cfg: _Config, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax.Array:
-    return _forward(cfg, q, k, v, params, q_pos, k_pos, valid, mask, key)[0]
+def _tiled(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax.Array:
+    return forward(cfg, q, k, v, params, q_pos, k_pos, valid, mask, key)[0].astype(q.dtype)
 
 
 _tiled.defvjp(_tiled_fwd, _tiled_bwd)
