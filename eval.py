@@ -47,9 +47,13 @@ def main(argv: list[str]) -> None:
         )
     if _SAMPLE.value:
         from relpos_jax import generate
-        from relpos_jax.data import open_data, tokenizer
+        from relpos_jax.data import Vocabulary, open_data, tokenizer
+        from relpos_jax.data.words import read_vocabulary
 
-        words = open_data(config.data, "train").vocabulary  # None: bytes
+        if config.data.vocab:  # a converted model's own vocabulary: no corpus needed
+            words = Vocabulary(read_vocabulary(config.data.vocab))
+        else:
+            words = open_data(config.data, "train").vocabulary  # None: bytes
         vocabulary = words or tokenizer
         prompt = vocabulary.encode(_PROMPT.value)[None]
         tokens = generate(model, prompt, _SAMPLE.value, temperature=0.8, top_k=40)

@@ -8,7 +8,8 @@ segment = memory = K/2, txl_small's sizes, tiled attention in 512 × 512 tiles) 
 K = 1k, 2k, … and reads XLA's per-device memory of the compiled program (arguments + outputs +
 temporaries); the longest K within ``--budget-mib`` is the row, with its memory and the memory at
 the next K. With ``--run`` the step also runs once at that K (seconds in the table). The JSON
-goes to ``docs/results/context_parallel.json``, the table to ``docs/results/context_parallel.md``.
+goes to ``docs/results/context_parallel.json``, the table to ``docs/results/context_parallel.md``
+(``--out`` another folder).
 """
 
 from __future__ import annotations
@@ -116,11 +117,12 @@ def table(result: dict) -> str:
         "| scheme | devices | longest K | MiB per device | at 2K: MiB per device | step s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    shown = lambda x, form: "–" if x is None else format(x, form)  # noqa: E731
     for row in result["rows"]:
-        step = f"{row['step_s']:.1f}" if row.get("step_s") is not None else "–"
         lines.append(
-            f"| {row['scheme']} | {row['devices']} | {row['longest']:,} | {row['mib']:,.0f} | "
-            f"{row['next_mib']:,.0f} | {step} |"
+            f"| {row['scheme']} | {row['devices']} | {shown(row['longest'], ',')} | "
+            f"{shown(row['mib'], ',.0f')} | {shown(row['next_mib'], ',.0f')} | "
+            f"{shown(row.get('step_s'), '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -133,6 +135,7 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=1024)
     parser.add_argument("--limit", type=int, default=131072)
     parser.add_argument("--run", action="store_true")
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="where the files go")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scheme", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -168,9 +171,9 @@ def main() -> None:
         "budget_mib": args.budget_mib,
         "rows": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "context_parallel.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "context_parallel.md").write_text(table(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "context_parallel.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "context_parallel.md").write_text(table(result))
     print(table(result))
 
 

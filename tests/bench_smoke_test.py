@@ -119,6 +119,28 @@ def test_the_committed_tiled_attention_table_is_rendered_from_its_json():
     assert rendered == (ROOT / "docs/results/tiled_attention.md").read_text()
 
 
+def test_the_committed_context_parallel_table_is_rendered_from_its_json():
+    from bench import context_parallel
+
+    result = json.loads((ROOT / "docs/results/context_parallel.json").read_text())
+    assert {row["devices"] for row in result["rows"]} == {1, 2, 4, 8}
+    rendered = context_parallel.table(result)
+    assert rendered == (ROOT / "docs/results/context_parallel.md").read_text()
+
+
+@pytest.mark.bench
+def test_bench_context_parallel_finds_the_longest_context(tmp_path):
+    flags = ["--devices", "1,2", "--start", "256", "--limit", "1024", "--budget-mib", "100000"]
+    result = subprocess.run(
+        bench("context_parallel", *flags, "--out", str(tmp_path)),
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "context_parallel.json").read_text())["rows"]
+    assert [(r["devices"], r["longest"]) for r in rows] == [(1, 1024), (2, 1024)]
+    assert rows[1]["mib"] < rows[0]["mib"]  # two devices hold less each
+
+
 @pytest.mark.bench
 def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     flags = ["--schemes", "txl", "--eval-windows", "64", "--train-windows", "64"]

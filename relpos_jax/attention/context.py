@@ -48,6 +48,7 @@ Legend: B batch, T queries, K = M + T keys, N heads, H head dim, c devices on th
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -127,10 +128,13 @@ def attend(
         mask = None if mask is None else mask[order]
     rows = _query_tile(query_tile, chunk) if key_tile is not None else None
     mesh = jax.sharding.get_abstract_mesh()
-    split_rows = q_BTNH.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
-    batch = BATCH if split_rows else None  # else every device scores every row
+    row_axes = tuple(a for a in BATCH if a in mesh.axis_names)
+    split_rows = (
+        bool(row_axes) and q_BTNH.shape[0] % math.prod(mesh.shape[a] for a in row_axes) == 0
+    )
+    batch = row_axes if split_rows else None  # else every device scores every row
     seq, rep = jax.P(batch, AXIS), jax.P()
-    own = (*BATCH, AXIS) if split_rows else AXIS  # the axes whose devices hold other data
+    own = (*row_axes, AXIS) if split_rows else AXIS  # the axes whose devices hold other data
 
     def local(q, k, v, q_pos, k_pos, key_valid, mask, key, params):
         if key is not None:
