@@ -205,7 +205,7 @@ def _ring_forward(cfg, devices, q, k, v, params, q_pos, k_pos, valid, masks, key
         jnp.full((batch, heads, rows), tiled.NEG, jnp.float32),
     )
     (out, lse, _), _ = jax.lax.scan(
-        step, (*tiled._vary(cfg, init), (k, v, k_pos, valid)), jnp.arange(devices)
+        step, (*tiled.vary(cfg, init), (k, v, k_pos, valid)), jnp.arange(devices)
     )
     return out.astype(q.dtype), lse
 
@@ -239,15 +239,10 @@ def _ring_bwd(cfg, devices, residuals, d_out):
         return (dq + gq, jax.tree.map(jnp.add, dparams, gp), _rotate(block, devices)), None
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
-    init = tiled._vary(cfg, (zeros(q), jax.tree.map(zeros, params), zeros(k), zeros(v)))
+    init = tiled.vary(cfg, (zeros(q), jax.tree.map(zeros, params), zeros(k), zeros(v)))
     carry = (init[0], init[1], (k, v, k_pos, valid, init[2], init[3]))
     (dq, dparams, block), _ = jax.lax.scan(step, carry, jnp.arange(devices))
-    dk, dv = block[4], block[5]
-    dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
-    return (
-        dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams,
-        None, None, None, None, None,
-    )  # fmt: skip
+    return tiled.as_inputs((dq, block[4], block[5], dparams), q, k, v, params)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

@@ -30,7 +30,9 @@ positions stay contiguous. Then, FlashAttention-2's way, for each query tile:
 
 A tile where no query may attend any key (keys in the future of every query, beyond same_length's
 reach, or all invalid) is skipped, forward and backward. Only ``[B, N, I, J]`` is ever live, so the
-memory of a layer grows linearly with T and K.
+memory of a layer grows linearly with T and K. ``attention.context`` feeds the keys block by block
+around a ring of devices through ``plan``, ``forward`` (a row with no allowed key: out 0, lse
+``NEG``, so blocks merge by lse) and ``gradients`` (a block's share, given the whole softmax's).
 
 Dropout (``dropatt > 0``, ``dropout_key`` required) acts on the normalised weights: tile (i, t)
 (query tile i, key tile t) keeps ``keep_mask(fold_in(dropout_key, i·n_t + t), (B, N, I, J),
@@ -39,8 +41,7 @@ tiles of J = min(key_tile, K) keys; the backward draws the same masks. The dense
 with I = T and J = K, so ``key_tile=None`` and any ``key_tile ≥ K`` with one query tile drop the
 same weights.
 
-Legend: B batch, T queries, K keys (memory + segment), I/J query/key tile sizes, N heads,
-H head dim.
+Legend: B batch, T queries, K keys (memory + segment), I/J query/key tile sizes, N heads, H head dim.
 """
 
 from __future__ import annotations
@@ -97,7 +98,6 @@ def attend(
 
     Gradients flow to q, k, v and every (floating) leaf of ``params``; positions, validity, mask
     and key get none."""
-    q_len = q_BTNH.shape[1]
     cfg, padded = plan(
         q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key, scale=scale,
         logit_term=logit_term, value_term=value_term, max_distance=max_distance,
@@ -105,31 +105,15 @@ def attend(
     )  # fmt: skip
     if key_tile is None:
         return _dense(cfg, *padded)
-    return _tiled(cfg, *padded)[:, :q_len]
+    return _tiled(cfg, *padded)[:, : q_BTNH.shape[1]]
 
 
 def plan(
-    q_BTNH,
-    k_BKNH,
-    v_BKNH,
-    params,
-    q_pos,
-    k_pos,
-    key_valid,
-    mask,
-    dropout_key,
-    *,
-    scale,
-    logit_term,
-    value_term,
-    max_distance,
-    key_tile,
-    query_tile,
-    dropatt,
-) -> tuple[TileConfig, tuple]:
-    """``attend``'s checks, its static config and its inputs padded to whole tiles (unpadded with
-    ``key_tile=None``): ``(cfg, (q, k, v, params, q_pos, k_pos, key_valid, mask, key))``; inside
-    ``jax.shard_map`` every input typed as varying like the others (``_vary``)."""
+    q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key, *, scale,
+    logit_term, value_term, max_distance, key_tile, query_tile, dropatt,
+) -> tuple[TileConfig, tuple]:  # fmt: skip
+    """``attend``'s checks, static config and inputs ``(q, k, v, params, q_pos, k_pos, key_valid,
+    mask, key)`` padded to whole tiles (as given with ``key_tile=None``), typed alike (``vary``)."""
     q_len, k_len = q_BTNH.shape[1], k_BKNH.shape[1]
     if not 0.0 <= dropatt < 1.0:
         raise ValueError(f"attend: dropatt={dropatt} must be in [0, 1)")
@@ -152,7 +136,7 @@ def plan(
         float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate,
         varying,
     )  # fmt: skip
-    inputs = _vary(cfg, inputs)  # one type for every input and carry; shared gradients summed
+    inputs = vary(cfg, inputs)  # one type for every input and carry; shared gradients summed
     if key_tile is None:
         return cfg, inputs
     q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key = inputs
@@ -166,12 +150,11 @@ def plan(
 
 def _vma(x) -> frozenset:
     """The manual mesh axes ``x`` varies over (none outside ``jax.shard_map``)."""
-    manual = getattr(jax.typeof(x), "manual_axis_type", None)
-    return manual.varying if manual is not None else frozenset()
+    return getattr(getattr(jax.typeof(x), "manual_axis_type", None), "varying", frozenset())
 
 
-def _vary(cfg: TileConfig, tree: Any) -> Any:
-    """``tree`` typed as varying over ``cfg.varying`` (inside ``jax.shard_map``; ``attention.context``):
+def vary(cfg: TileConfig, tree: Any) -> Any:
+    """``tree`` typed as varying over ``cfg.varying`` (inside ``jax.shard_map``: ``attention.context``):
     scans and conds need one type for their carries, and ``pcast``'s transpose sums the gradient of
     an input every device shares."""
 
@@ -298,7 +281,7 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
         jnp.zeros((batch, heads, rows), F32),
         jnp.zeros((batch, rows, heads, head_dim), F32),
     )
-    (m, l, acc), _ = jax.lax.scan(step, _vary(cfg, init), jnp.arange(cfg.num_tiles))
+    (m, l, acc), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
     some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
     l_safe = jnp.where(some, l, 1.0)
     return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
@@ -351,13 +334,13 @@ def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_r
             return (dq + dq_t.astype(F32), dparams), (dk_J.astype(F32), dv_J.astype(F32))
 
         def skip(carry):
-            zeros = _vary(cfg, jnp.zeros(k_J.shape, F32))
+            zeros = vary(cfg, jnp.zeros(k_J.shape, F32))
             return carry, (zeros, zeros)
 
         return jax.lax.cond(allowed.any(), visit, skip, carry)
 
     init = (jnp.zeros(q_I.shape, F32), jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params))
-    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, _vary(cfg, init), jnp.arange(cfg.num_tiles))
+    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
     return dq_I, _untile(dk, k.shape), _untile(dv, v.shape), dparams
 
 
@@ -372,14 +355,15 @@ def _tiled_fwd(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key)
     return out, (q, k, v, params, q_pos, k_pos, valid, mask, key, out, lse)
 
 
-def _tiled_bwd(cfg: TileConfig, residuals, d_out):
-    q, k, v, params = residuals[:4]
-    dq, dk, dv, dparams = gradients(cfg, residuals, d_out)
+def _tiled_bwd(cfg: TileConfig, residuals, d_out):  # residuals: q, k, v, params, …
+    return as_inputs(gradients(cfg, residuals, d_out), *residuals[:4])
+
+
+def as_inputs(grads, q, k, v, params) -> tuple:
+    """float32 ``(dq, dk, dv, dparams)`` in their inputs' dtypes, and None for the other five."""
+    dq, dk, dv, dparams = grads
     dparams = jax.tree.map(lambda g, x: g.astype(x.dtype), dparams, params)
-    return (
-        dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams,
-        None, None, None, None, None,
-    )  # fmt: skip
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dparams, *(None,) * 5)
 
 
 def gradients(cfg: TileConfig, residuals, d_out):
@@ -402,12 +386,9 @@ def gradients(cfg: TileConfig, residuals, d_out):
         dparams = jax.tree.map(jnp.add, dparams, dparams_i)
         return (dk + dk_i, dv + dv_i, dparams), dq_I
 
-    init = (
-        jnp.zeros(k.shape, F32),
-        jnp.zeros(v.shape, F32),
-        jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
-    )
-    (dk, dv, dparams), dq = jax.lax.scan(rows, _vary(cfg, init), jnp.arange(cfg.num_query_tiles))
+    zeros = lambda x: jnp.zeros(x.shape, F32)  # noqa: E731
+    init = (zeros(k), zeros(v), jax.tree.map(zeros, params))
+    (dk, dv, dparams), dq = jax.lax.scan(rows, vary(cfg, init), jnp.arange(cfg.num_query_tiles))
     return _untile(dq, q.shape), dk, dv, dparams
 
 
