@@ -57,7 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = d = ml_collections.ConfigDict()
     d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | wikitext103 | tfds:<name>
     d.path = config_dict.placeholder(str)  # file, folder or zip for text / enwik8 / wikitext103 …
-    d.tokens = config_dict.placeholder(str)  # bytes | words (None: words for wikitext, else bytes)
+    d.tokens = config_dict.placeholder(str)  # bytes | words | symbols (None: words for wikitext,
+    #   else bytes; symbols: enwik8 / text8 numbered as the official code, for its released models)
     d.vocab = config_dict.placeholder(str)  # words: vocabulary file (one per line), not train's
     d.dir = config_dict.placeholder(
         str

@@ -281,8 +281,12 @@ class DataConfig(_Section):
                 self.name,
                 f"use one of {', '.join(known)}, tfds:<name> or probe:<kind>:<distance>",
             )
-        if self.tokens not in (None, "bytes", "words"):
-            fail("data.tokens", self.tokens, "use bytes or words (None: the corpus's own)")
+        if self.tokens not in (None, "bytes", "words", "symbols"):
+            fail("data.tokens", self.tokens, "use bytes, words or symbols (None: the corpus's own)")
+        if self.tokens == "symbols" and self.name not in ("enwik8", "text8"):
+            fail(
+                "data.tokens", self.tokens, "symbols (the official numbering) is enwik8's, text8's"
+            )
         if self.tokens == "words" and self.name.startswith("probe:"):
             fail("data.tokens", self.tokens, "probe corpora are byte-level, leave it unset")
         _at_least("data.segment_len", self.segment_len, 1)

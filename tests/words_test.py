@@ -250,3 +250,53 @@ def test_wt103_configs_build_the_papers_models(name, millions):
     model = nnx.eval_shape(lambda: TransformerLM(cfg.model, rngs=nnx.Rngs(0)))
     count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert count / 1e6 == pytest.approx(millions, abs=0.05)
+
+
+def official_reference(name: str, parts: list[bytes]) -> tuple[list[str], list[list[int]]]:
+    """The official prep scripts and ``Vocab`` written out plainly: enwik8's bytes as numbers with
+    line breaks as line ends, text8's characters with ``_`` for spaces; symbols counted over the
+    three splits, ``most_common`` order; encoded without ``<eos>``."""
+    texts = []
+    for part in parts:
+        if name == "enwik8":
+            texts.append(" ".join(str(c) if c != ord("\n") else "\n" for c in part))
+        else:
+            texts.append(" ".join("_" if c == " " else c for c in part.decode().strip()))
+    counts = collections.Counter()
+    for text in texts:
+        for line in text.split("\n"):
+            counts.update(line.strip().split())
+    vocab = [w for w, _ in counts.most_common()]
+    index = {w: i for i, w in enumerate(vocab)}
+    return vocab, [[index[w] for w in text.split()] for text in texts]
+
+
+@pytest.mark.parametrize("name", ["enwik8", "text8"])
+def test_official_symbols_equal_the_official_prep(name, tmp_path, monkeypatch):
+    """enwik8 / text8 with ``data.tokens=symbols``, on a small file (the split shrunk to fit)."""
+    from relpos_jax.data import corpora
+
+    rng = np.random.default_rng(3)
+    if name == "enwik8":  # skewed byte counts, line breaks and carriage returns among them
+        weights = [0.1, 0.3, 0.1, 0.2, 0.1, 0.1, 0.05, 0.05]
+        raw = bytes(rng.choice([10, 32, 60, 97, 98, 99, 200, 13], 1200, p=weights).tolist())
+        raw = raw[:300] + bytes([203, 201]) + raw[300:1150] + bytes([202]) + raw[1150:]  # ties
+    else:  # spaces at the ends of a split: the prep strips them
+        raw = b" " + bytes(rng.choice(list(b"abcz "), 1200).tolist()) + b"  "
+    (tmp_path / name).write_bytes(raw)
+    monkeypatch.setitem(corpora.STANDARD_SPLIT, name, 1000)
+    split_at = 1000 + (len(raw) - 1000) // 2
+    vocab, ids = official_reference(name, [raw[:1000], raw[1000:split_at], raw[split_at:]])
+    for split, expected in zip(("train", "valid", "test"), ids, strict=True):
+        stream = data.open_split(
+            name, split, path=str(tmp_path / name), data_dir=str(tmp_path / "d"), tokens="symbols"
+        )
+        assert stream.vocabulary.words == vocab
+        np.testing.assert_array_equal(stream.read(0, len(stream)), expected)
+
+
+def test_symbols_are_refused_for_other_corpora(tmp_path):
+    with pytest.raises(DataError, match=r"data\.tokens='symbols' is invalid for text"):
+        data.open_split(
+            "text", "train", path=str(tmp_path), data_dir=str(tmp_path), tokens="symbols"
+        )

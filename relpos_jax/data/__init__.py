@@ -27,8 +27,9 @@ def open_split(
     tokens: str | None = None,
     vocab: str | None = None,
 ) -> TokenStream:
-    """The token stream of ``split`` (train / valid / test) of corpus ``name``: bytes, or word ids
-    (``tokens="words"``, the default for WikiText) with the stream's ``vocabulary``."""
+    """The token stream of ``split`` (train / valid / test) of corpus ``name``: bytes, word ids
+    (``tokens="words"``, the default for WikiText) or enwik8's / text8's official symbols
+    (``tokens="symbols"``), the latter two with the stream's ``vocabulary``."""
     if split not in SPLITS:
         raise DataError(f"split={split!r} is invalid; use one of {SPLITS}")
     builder = build(name, path, data_dir, tokens=tokens, vocab=vocab)

@@ -33,6 +33,7 @@ class CorpusConfig(tfds.core.BuilderConfig):
     corpus: str = "pystdlib"
     path: str | None = None
     vocab: str | None = None  # words: a vocabulary file instead of the train-built one
+    tokens: str = "bytes"  # bytes | words | symbols (enwik8 / text8 numbered the official way)
 
 
 def _records(pieces, dtype, size=CHUNK):
@@ -121,6 +122,8 @@ class WordCorpus(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         cfg = self.builder_config
+        if cfg.tokens == "symbols":
+            return self._symbol_splits(cfg)
         if cfg.vocab:
             vocabulary = words.read_vocabulary(cfg.vocab)
         else:
@@ -132,6 +135,21 @@ class WordCorpus(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self, vocab: words.Vocabulary, split: str):
         ids = vocab.encode_lines(words.lines(_pieces(self.builder_config, split)))
         for index, record in enumerate(_records(ids, np.int32)):
+            yield index, {"ids": record}
+
+    def _symbol_splits(self, cfg: CorpusConfig):
+        splits = {
+            split: words.official_symbols(cfg.corpus, b"".join(_pieces(cfg, split)))
+            for split in corpora.SPLITS
+        }
+        order = words.symbol_order(list(splits.values()))
+        self.info.metadata["vocab"] = [words.symbol_name(cfg.corpus, int(b)) for b in order]
+        ids = np.zeros(256, np.int32)
+        ids[order] = np.arange(len(order), dtype=np.int32)
+        return {split: self._symbol_examples(ids[data]) for split, data in splits.items()}
+
+    def _symbol_examples(self, ids: np.ndarray):
+        for index, record in enumerate(_records([ids], np.int32)):
             yield index, {"ids": record}
 
 
@@ -164,6 +182,9 @@ def level(name: str, tokens: str | None) -> str:
     return tokens or ("words" if name in corpora.WIKITEXT else "bytes")
 
 
+SYMBOL_CORPORA = ("enwik8", "text8")  # data.tokens=symbols: the official code's numbering
+
+
 def build(
     name: str,
     path: str | None = None,
@@ -173,6 +194,12 @@ def build(
     vocab: str | None = None,
 ) -> ByteCorpus | WordCorpus:
     """The prepared builder of corpus ``name`` (built on first use), byte- or word-level."""
+    kind = level(name, tokens)
+    if kind == "symbols" and name not in SYMBOL_CORPORA:
+        raise corpora.DataError(
+            f"data.tokens='symbols' is invalid for {name}; the official numbering is enwik8's and "
+            "text8's, use bytes or words"
+        )
     if name.startswith("probe:"):
         probes.parse(name)  # a one-line error for a malformed probe name
     elif not (name in corpora.NAMES or name.startswith("tfds:")):
@@ -183,18 +210,20 @@ def build(
     if name in ("text", *corpora.STANDARD_SPLIT, *corpora.WIKITEXT):
         for _ in corpora.split_stream(name, path, "test"):  # fail early, in one line
             break
-    word_level = level(name, tokens) == "words"
+    word_level = kind == "words"
     if word_level and vocab:
         words.read_vocabulary(vocab)  # fail early, in one line
     _quiet()
     config = CorpusConfig(
-        name=config_name(name, path, vocab if word_level else None),
+        name=config_name(name, path, vocab if word_level else None)
+        + ("_symbols" if kind == "symbols" else ""),
         corpus=name,
         path=path,
         vocab=vocab if word_level else None,
+        tokens=kind,
         version="1.0.0",
     )
-    builder = (WordCorpus if word_level else ByteCorpus)(
+    builder = (ByteCorpus if kind == "bytes" else WordCorpus)(
         config=config, data_dir=str(data_dir or DEFAULT_DIR), file_format="array_record"
     )
     if not builder.is_prepared():

@@ -8,6 +8,10 @@ and the adaptive softmax's clusters (``model.cutoffs``) cut it by frequency. ``<
 train has it (WikiText marks rare words with it) or last: a word of valid or test that train never
 saw reads as ``<unk>``. A vocabulary file (``data.vocab``: one word per line, the line number its id,
 such as a released model's) replaces the train-built one.
+
+The official code's symbols of enwik8 and text8 (``data.tokens=symbols``, what its released
+character-level models were trained on) are bytes numbered its way: line breaks dropped, the
+vocabulary counted over all three splits (``official_symbols``, ``symbol_order``).
 """
 
 from __future__ import annotations
@@ -65,13 +69,40 @@ def read_vocabulary(path: str) -> list[str]:
     return words
 
 
+def official_symbols(name: str, data: bytes) -> np.ndarray:
+    """An enwik8 / text8 split as the official code reads it, each symbol as its byte value: its
+    prep scripts write enwik8's bytes as numbers, its line breaks as line ends (read without
+    ``<eos>``: they are not symbols), and text8's characters, the split stripped of spaces at its
+    ends, spaces written ``_``."""
+    if name == "text8":
+        return np.frombuffer(data.strip(b" "), np.uint8)
+    array = np.frombuffer(data, np.uint8)
+    return array[array != ord("\n")]
+
+
+def symbol_name(name: str, byte: int) -> str:
+    """What the official prep writes for a byte: enwik8 its number, text8 the character."""
+    if name == "text8":
+        return "_" if byte == ord(" ") else chr(byte)
+    return str(byte)
+
+
+def symbol_order(splits: Sequence[np.ndarray]) -> np.ndarray:
+    """The bytes of the official vocabulary, counted over train, valid and test together: by
+    descending count, ties by first appearance (``Counter.most_common`` of Python 3)."""
+    stream = np.concatenate(splits)
+    counts = np.bincount(stream, minlength=256)
+    present, first = np.unique(stream, return_index=True)
+    return present[np.lexsort((first, -counts[present]))]
+
+
 class Vocabulary:
     """Words <-> ids for word-level corpora (``tokenizer`` is the byte-level counterpart)."""
 
     def __init__(self, words: Sequence[str]):
         self.words = list(words)
         self.ids = {w: i for i, w in enumerate(self.words)}
-        self.unk = self.ids[UNK]
+        self.unk = self.ids.get(UNK)  # None: every symbol is known (enwik8's, text8's)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -84,10 +115,12 @@ class Vocabulary:
 
     def encode(self, text: str) -> np.ndarray:
         """Text as ids, without a final ``<eos>`` unless the text ends with a line break."""
-        get, unk = self.ids.get, self.unk
         parts = text.split("\n")
         words = [w for part in parts[:-1] for w in tokenize(part)] + parts[-1].split()
-        return np.fromiter((get(w, unk) for w in words), np.int32)
+        unknown = [w for w in words if w not in self.ids]
+        if unknown and self.unk is None:
+            raise DataError(f"encode: {unknown[0]!r} is not in the vocabulary, which has no <unk>")
+        return np.fromiter((self.ids.get(w, self.unk) for w in words), np.int32)
 
     def decode(self, ids) -> str:
         """Ids back to text: words joined by spaces, ``<eos>`` as a line break."""
