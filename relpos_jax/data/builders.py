@@ -105,7 +105,8 @@ class ByteCorpus(tfds.core.GeneratorBasedBuilder):
 
 
 class WordCorpus(tfds.core.GeneratorBasedBuilder):
-    """A corpus as word ids (``words.py``), the vocabulary in the metadata (``metadata.json``)."""
+    """A corpus as word ids, or enwik8's / text8's official symbols (``words.py``), the
+    vocabulary in the metadata (``metadata.json``)."""
 
     VERSION = tfds.core.Version("1.0.0")
 
