@@ -23,7 +23,7 @@ from flax.core import FrozenDict
 from ml_collections import config_flags
 
 from relpos_jax import adaptive, schemes
-from relpos_jax.errors import ConfigError, fail  # noqa: F401  (ConfigError: imported from here)
+from relpos_jax.errors import ConfigError, fail  # ConfigError: also imported from here
 
 POSITIONS = schemes.names()  # every registered scheme
 RELATIVE_POSITIONS = tuple(name for name in POSITIONS if schemes.get(name).relative)
@@ -274,21 +274,10 @@ class DataConfig(_Section):
     def __post_init__(self) -> None:
         from relpos_jax.data import corpora  # here: config is imported where data is not needed
 
-        known = corpora.NAMES
-        if not (self.name in known or self.name.startswith(("tfds:", "probe:"))):
-            fail(
-                "data.name",
-                self.name,
-                f"use one of {', '.join(known)}, tfds:<name> or probe:<kind>:<distance>",
-            )
-        if self.tokens not in (None, "bytes", "words", "symbols"):
-            fail("data.tokens", self.tokens, "use bytes, words or symbols (None: the corpus's own)")
-        if self.tokens == "symbols" and self.name not in ("enwik8", "text8"):
-            fail(
-                "data.tokens", self.tokens, "symbols (the official numbering) is enwik8's, text8's"
-            )
-        if self.tokens == "words" and self.name.startswith("probe:"):
-            fail("data.tokens", self.tokens, "probe corpora are byte-level, leave it unset")
+        try:
+            corpora.check_source(self.name, self.tokens)
+        except corpora.DataError as error:  # the config's own kind of error, the same line
+            raise ConfigError(str(error)) from None
         _at_least("data.segment_len", self.segment_len, 1)
         _at_least("data.batch_size", self.batch_size, 1)
 

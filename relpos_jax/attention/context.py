@@ -113,14 +113,12 @@ def attend(
     """``tiled.attend`` over the ``context`` axis (``hooks``: its ``scale``, ``logit_term``,
     ``value_term``, ``max_distance`` and ``dropatt``): the output ``[B, T, N, H]`` of one device,
     each device computing its block of queries against the ring of key blocks."""
-    devices = blocks()
-    q_len, k_len = q_BTNH.shape[1], k_BKNH.shape[1]
-    for name, length in (("segment", q_len), ("window", k_len)):
-        if length % devices:
-            raise ValueError(
-                f"context attention: the {name} of {length} positions does not split into "
-                f"{devices} blocks; use lengths that mesh.context divides"
-            )
+    devices, q_len, k_len = blocks(), q_BTNH.shape[1], k_BKNH.shape[1]
+    if not splits(q_len, k_len):
+        raise ValueError(
+            f"context attention: a segment of {q_len} and a window of {k_len} positions do not "
+            f"split into {devices} blocks; use lengths that mesh.context divides"
+        )
     order = zigzag(q_len, devices)
     chunk = q_len // devices if order is None else q_len // (2 * devices)
     if order is not None:
@@ -181,7 +179,7 @@ def _block(masks, key, j):
 def _merge(out_a, lse_a, out_b, lse_b):
     """Two softmaxes over disjoint key sets as one: weights ``exp(lse_x − lse)``."""
     lse = jnp.logaddexp(lse_a, lse_b)
-    weight = lambda x: jnp.transpose(jnp.exp(x - lse), (0, 2, 1))[..., None]  # noqa: E731
+    weight = lambda x: tiled.rows_to_output(jnp.exp(x - lse))  # noqa: E731
     return out_a * weight(lse_a) + out_b * weight(lse_b), lse
 
 

@@ -248,7 +248,7 @@ def _key_tile(cfg: TileConfig, t, k, v, k_pos, valid, mask_I):
     return cut(k, 1), cut(v, 1), cut(k_pos, 0), cut(valid, 0), mask_IJ
 
 
-def _rows_to_output(x_BNI: jax.Array) -> jax.Array:
+def rows_to_output(x_BNI: jax.Array) -> jax.Array:
     """A per-row ``[B, N, I]`` as ``[B, I, N, 1]`` (broadcasts against the output)."""
     return jnp.transpose(x_BNI, (0, 2, 1))[..., None]
 
@@ -271,7 +271,7 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
             l = alpha * l + e.sum(axis=-1)
             keep = _keep(cfg, key, i * cfg.num_tiles + t, e.shape)
             e = e if keep is None else e * keep
-            acc = acc * _rows_to_output(alpha) + _values(cfg, e, v_J, params, q_pos_I, k_pos_J)
+            acc = acc * rows_to_output(alpha) + _values(cfg, e, v_J, params, q_pos_I, k_pos_J)
             return m_new, l, acc
 
         return jax.lax.cond(allowed.any(), visit, lambda carry: carry, carry), None
@@ -284,7 +284,7 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
     (m, l, acc), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
     some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
     l_safe = jnp.where(some, l, 1.0)
-    return acc / _rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
+    return acc / rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
 
 
 def forward(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key):

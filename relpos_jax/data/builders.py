@@ -81,20 +81,26 @@ def _pieces(cfg: CorpusConfig, split: str):
     return corpora.split_stream(cfg.corpus, cfg.path, split)
 
 
+def _records_info(builder, what: str, key: str, dtype, metadata=None) -> tfds.core.DatasetInfo:
+    """A corpus of ``CHUNK``-token records of feature ``key``, kept in stream order."""
+    return tfds.core.DatasetInfo(
+        builder=builder,
+        description=f"{what} of {builder.builder_config.corpus} in {CHUNK}-token records.",
+        features=tfds.features.FeaturesDict(
+            {key: tfds.features.Tensor(shape=(None,), dtype=dtype)}
+        ),
+        metadata=metadata,
+        disable_shuffling=True,  # records must stay in stream order
+    )
+
+
 class ByteCorpus(tfds.core.GeneratorBasedBuilder):
     """A corpus as byte-stream chunks; see the module docstring."""
 
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=f"Byte stream of {self.builder_config.corpus} in {CHUNK}-byte records.",
-            features=tfds.features.FeaturesDict(
-                {"bytes": tfds.features.Tensor(shape=(None,), dtype=np.uint8)}
-            ),
-            disable_shuffling=True,  # records must stay in stream order
-        )
+        return _records_info(self, "Byte stream", "bytes", np.uint8)
 
     def _split_generators(self, dl_manager):
         return {split: self._generate_examples(split) for split in corpora.SPLITS}
@@ -111,15 +117,7 @@ class WordCorpus(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=f"Word ids of {self.builder_config.corpus} in {CHUNK}-id records.",
-            features=tfds.features.FeaturesDict(
-                {"ids": tfds.features.Tensor(shape=(None,), dtype=np.int32)}
-            ),
-            metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,
-        )
+        return _records_info(self, "Word ids", "ids", np.int32, tfds.core.MetadataDict())
 
     def _split_generators(self, dl_manager):
         cfg = self.builder_config
@@ -183,9 +181,6 @@ def level(name: str, tokens: str | None) -> str:
     return tokens or ("words" if name in corpora.WIKITEXT else "bytes")
 
 
-SYMBOL_CORPORA = ("enwik8", "text8")  # data.tokens=symbols: the official code's numbering
-
-
 def build(
     name: str,
     path: str | None = None,
@@ -195,19 +190,10 @@ def build(
     vocab: str | None = None,
 ) -> ByteCorpus | WordCorpus:
     """The prepared builder of corpus ``name`` (built on first use), byte- or word-level."""
+    corpora.check_source(name, tokens)
     kind = level(name, tokens)
-    if kind == "symbols" and name not in SYMBOL_CORPORA:
-        raise corpora.DataError(
-            f"data.tokens='symbols' is invalid for {name}; the official numbering is enwik8's and "
-            "text8's, use bytes or words"
-        )
     if name.startswith("probe:"):
         probes.parse(name)  # a one-line error for a malformed probe name
-    elif not (name in corpora.NAMES or name.startswith("tfds:")):
-        raise corpora.DataError(
-            f"data.name={name!r} is invalid; use {', '.join(corpora.NAMES)}, tfds:<name> or "
-            "probe:<kind>:<distance>"
-        )
     if name in ("text", *corpora.STANDARD_SPLIT, *corpora.WIKITEXT):
         for _ in corpora.split_stream(name, path, "test"):  # fail early, in one line
             break

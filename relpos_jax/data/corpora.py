@@ -30,10 +30,34 @@ DOWNLOADS = {
     "wikitext2": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip",
 }
 NAMES = ("pystdlib", "text", *STANDARD_SPLIT, *WIKITEXT)
+SYMBOL_CORPORA = ("enwik8", "text8")  # data.tokens=symbols: the official code's numbering
 
 
 class DataError(ValueError):
     """A dataset that cannot be used; the message is one line naming the field and the fix."""
+
+
+def check_source(name: str, tokens: str | None) -> None:
+    """A one-line DataError for a corpus name no reader knows, or ``data.tokens`` that cannot read
+    it (the config's check and ``builders.build``'s, one rule)."""
+    if not (name in NAMES or name.startswith(("tfds:", "probe:"))):
+        raise DataError(
+            f"data.name={name!r} is invalid; use one of {', '.join(NAMES)}, tfds:<name> or "
+            "probe:<kind>:<distance>"
+        )
+    if tokens not in (None, "bytes", "words", "symbols"):
+        raise DataError(
+            f"data.tokens={tokens!r} is invalid; use bytes, words or symbols (None: the corpus's own)"
+        )
+    if tokens == "symbols" and name not in SYMBOL_CORPORA:
+        raise DataError(
+            f"data.tokens='symbols' is invalid for {name}; the official numbering is enwik8's and "
+            "text8's, use bytes or words"
+        )
+    if tokens == "words" and name.startswith("probe:"):
+        raise DataError(
+            f"data.tokens='words' is invalid for {name}; probe corpora are byte-level, leave it unset"
+        )
 
 
 def pystdlib_name() -> str:
