@@ -10,10 +10,12 @@ XLA's temporary memory of the compiled program (``memory_analysis``: what the at
 intermediates need, read before anything runs), the process's peak resident memory, and the median
 time of the compiled call (``--repeats`` calls after a warm-up; more, up to 9, for a call under a
 second, so that about 2 s are timed). A cell whose temporary memory would not fit ``--max-gib`` is
-not run and reads "out of memory". Writes ``tiled_attention.json`` (settings, commit, every cell)
-in ``--out`` (default ``docs/results``) after every cell, and renders ``tiled_attention.md`` from
-it, with the checks: tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k
-(≤ 1/8), tiled over dense time at 1k (≤ 1.3×). A stopped run, started again with the same
+not run and reads "out of memory". At ``--ratio-windows`` dense and tiled are also timed side by
+side: both compiled in one process and called in turn (the machine's load then falls on both).
+Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out`` (default
+``docs/results``) after every cell, and renders ``tiled_attention.md`` from it, with the checks:
+tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k (≤ 1/8),
+tiled over dense time at 1k side by side (≤ 1.3×). A stopped run, started again with the same
 command, keeps the cells it measured and goes on (``--fresh``: measure them all again).
 """
 
@@ -31,14 +33,15 @@ from bench import args as bench_args
 from bench.measure import ROOT, SIZES, isolated, median_seconds, our_model, parse_or_serve
 
 
-def compute(spec: dict) -> dict:
+def _program(spec: dict, impl: str):
+    """The compiled call of one cell (``impl``: dense or tiled) and XLA's temporary bytes."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     half = spec["window"] // 2
     model = our_model(
-        spec["scheme"], SIZES["small"], mem_len=half, attention_impl=spec["impl"],
+        spec["scheme"], SIZES["small"], mem_len=half, attention_impl=impl,
         key_tile=spec["tile"], query_tile=spec["query_tile"],
     )  # fmt: skip
     tokens = jax.random.randint(jax.random.PRNGKey(0), (1, half), 0, 256)
@@ -56,15 +59,45 @@ def compute(spec: dict) -> dict:
 
     step = jax.jit(jax.grad(loss) if training else evaluate)
     compiled = step.lower(state, tokens, mems).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
+    call = lambda: jax.block_until_ready(compiled(state, tokens, mems))  # noqa: E731
+    return call, compiled.memory_analysis().temp_size_in_bytes
+
+
+def compute(spec: dict) -> dict:
+    if spec["impl"] == SIDE_BY_SIDE:
+        return _side_by_side(spec)
+    call, temp = _program(spec, spec["impl"])
     if temp > spec["max_bytes"]:
         return {"temp_mib": temp / 2**20, "seconds": None, "skipped": "out of memory"}
-    call = lambda: jax.block_until_ready(compiled(state, tokens, mems))  # noqa: E731
     start = time.perf_counter()
     call()  # the warm-up, timed: a short call is timed more often, for about 2 s in all (≤ 9)
     calls = max(spec["repeats"], min(9, int(2.0 / (time.perf_counter() - start))))
     seconds = median_seconds(call, calls, 0)
     return {"temp_mib": temp / 2**20, "seconds": seconds, "timed_calls": calls}
+
+
+SIDE_BY_SIDE = "side by side"
+ROUNDS = 11
+
+
+def _side_by_side(spec: dict) -> dict:
+    """Dense and tiled compiled in one process and called in turn, ``ROUNDS`` times after a
+    warm-up each: the median of the rounds' tiled/dense ratios (the machine's load shared)."""
+    calls = {impl: _program(spec, impl)[0] for impl in ("dense", "tiled")}
+    times: dict[str, list[float]] = {impl: [] for impl in calls}
+    for call in calls.values():
+        call()
+    for _ in range(ROUNDS):
+        for impl, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[impl].append(time.perf_counter() - start)
+    ratios = sorted(t / d for t, d in zip(times["tiled"], times["dense"], strict=True))
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {
+        "dense_s": median(times["dense"]), "tiled_s": median(times["tiled"]),
+        "ratio": median(ratios), "ratio_range": [ratios[0], ratios[-1]], "rounds": ROUNDS,
+    }  # fmt: skip
 
 
 def render(results: dict) -> str:
@@ -103,7 +136,34 @@ def render(results: dict) -> str:
             row += [_seconds(cell), _seconds(tiled)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    return "\n".join(lines + _checks(results["cells"]))
+    return "\n".join(lines + _side_by_side_table(results["cells"]) + _checks(results["cells"]))
+
+
+def _side_by_side_table(cells: list[dict]) -> list[str]:
+    """The dense and tiled times measured in turn in one process (what the time check reads)."""
+    pairs = [c for c in cells if c["impl"] == SIDE_BY_SIDE]
+    if not pairs:
+        return []
+    lines = [
+        "## Side by side",
+        "",
+        f"Dense and tiled compiled in one process and called in turn, {ROUNDS} rounds after a "
+        "warm-up: the median seconds of each and the median (and range) of the rounds' "
+        "tiled / dense ratios.",
+        "",
+        "| task | scheme | K | dense s | tiled s | tiled / dense | range |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in pairs:
+        if "error" in c:
+            lines.append(f"| {c['task']} | {c['scheme']} | {c['window']:,} | error | | | |")
+            continue
+        low, high = c["ratio_range"]
+        lines.append(
+            f"| {c['task']} | {c['scheme']} | {c['window']:,} | {c['dense_s']:.3f} | "
+            f"{c['tiled_s']:.3f} | {c['ratio']:.3f} | {low:.2f}–{high:.2f} |"
+        )
+    return [*lines, ""]
 
 
 def _checks(cells: list[dict]) -> list[str]:
@@ -122,7 +182,7 @@ def _checks(cells: list[dict]) -> list[str]:
         "## Checks",
         "",
         "| task | scheme | tiled peak 16k / 8k (≤ 2.2) | tiled / dense temp at 8k (≤ 0.125) "
-        "| tiled / dense time at 1k (≤ 1.3) |",
+        "| tiled / dense time at 1k, side by side (≤ 1.3) |",
         "|---|---|---:|---:|---:|",
     ]
     for task, scheme in dict.fromkeys((c["task"], c["scheme"]) for c in cells):
@@ -130,10 +190,11 @@ def _checks(cells: list[dict]) -> list[str]:
         for (w1, i1, k1), (w2, i2, k2) in (
             ((16384, "tiled", "peak_mib"), (8192, "tiled", "peak_mib")),
             ((8192, "tiled", "temp_mib"), (8192, "dense", "temp_mib")),
-            ((1024, "tiled", "seconds"), (1024, "dense", "seconds")),
         ):
             a, b = value(task, scheme, w1, i1, k1), value(task, scheme, w2, i2, k2)
             ratios.append("–" if a is None or not b else f"{a / b:.3f}")
+        ratio = value(task, scheme, 1024, SIDE_BY_SIDE, "ratio")
+        ratios.append("–" if ratio is None else f"{ratio:.3f}")
         lines.append(f"| {task} | {scheme} | " + " | ".join(ratios) + " |")
     return [*lines, ""]
 
@@ -190,6 +251,10 @@ def main() -> None:
     parser.add_argument(
         "--tasks", type=bench_args.listed(choices=("eval", "train")), default="eval,train"
     )
+    parser.add_argument(
+        "--ratio-windows", type=bench_args.ints, default="1024",
+        help="windows where dense and tiled are also timed side by side, in turn in one process",
+    )  # fmt: skip
     parser.add_argument("--tile", type=int, default=512, help="keys per tile")
     parser.add_argument("--query-tile", type=int, default=512, help="queries per tile")
     parser.add_argument("--repeats", type=int, default=3)
@@ -214,20 +279,20 @@ def main() -> None:
     cells = []
     for task, task_windows in tasks.items():
         for scheme in args.schemes:
-            for window in task_windows:
-                for impl in ("dense", "tiled"):
-                    spec = dict(
-                        scheme=scheme, window=window, impl=impl, task=task, tile=args.tile,
-                        query_tile=args.query_tile, repeats=args.repeats,
-                        max_bytes=int(args.max_gib * 2**30),
-                    )  # fmt: skip
-                    cell = next((c for c in done if _spec_of(c) == spec), None)
-                    if cell is None:
-                        measured = isolated("bench.tiled_attention", spec)
-                        cell = {**spec, **measured, "commit": commit}
-                        print(json.dumps(cell), flush=True)
-                    cells.append(cell)
-                    _write(out, args, tasks, commit, cells + _others(done, cells))
+            runs = [(w, impl) for w in task_windows for impl in ("dense", "tiled")]
+            for window, impl in runs + [(w, SIDE_BY_SIDE) for w in args.ratio_windows]:
+                spec = dict(
+                    scheme=scheme, window=window, impl=impl, task=task, tile=args.tile,
+                    query_tile=args.query_tile, repeats=args.repeats,
+                    max_bytes=int(args.max_gib * 2**30),
+                )  # fmt: skip
+                cell = next((c for c in done if _spec_of(c) == spec), None)
+                if cell is None:
+                    measured = isolated("bench.tiled_attention", spec)
+                    cell = {**spec, **measured, "commit": commit}
+                    print(json.dumps(cell), flush=True)
+                cells.append(cell)
+                _write(out, args, tasks, commit, cells + _others(done, cells))
     print(render(_write(out, args, tasks, commit, cells + _others(done, cells))))
 
 

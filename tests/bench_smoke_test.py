@@ -144,14 +144,17 @@ def test_bench_context_parallel_finds_the_longest_context(tmp_path):
 @pytest.mark.bench
 def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     flags = ["--schemes", "txl", "--eval-windows", "64", "--train-windows", "64"]
-    flags += ["--tile", "16", "--query-tile", "8", "--repeats", "1"]
+    flags += ["--ratio-windows", "64", "--tile", "16", "--query-tile", "8", "--repeats", "1"]
     result = subprocess.run(
         bench("tiled_attention", *flags, "--out", str(tmp_path)),
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     cells = json.loads((tmp_path / "tiled_attention.json").read_text())["cells"]
-    assert len(cells) == 4 and all("error" not in c and c["temp_mib"] > 0 for c in cells)
+    alone, side_by_side = cells[:2] + cells[3:5], [cells[2], cells[5]]
+    assert all("error" not in c and c["temp_mib"] > 0 for c in alone), cells
+    assert all(c["ratio"] > 0 and c["dense_s"] > 0 for c in side_by_side), cells
     table = (tmp_path / "tiled_attention.md").read_text()
     assert table.count("| txl | 64 |") == 2  # an evaluation row and a training row
+    assert "| eval | txl | 64 |" in table and "| train | txl | 64 |" in table  # side by side
     assert "| eval | txl |" in table and "| train | txl |" in table  # the checks

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from relpos_jax.attention import tiled
+from relpos_jax.attention import tile, tiled
 
 AXIS = "context"
 BATCH = ("data", "fsdp")  # sharding.BATCH: the axes that split batch rows
@@ -155,7 +155,7 @@ def attend(
     return out
 
 
-def _mask_blocks(cfg: tiled.TileConfig, mask_IK: jax.Array, devices: int, rows: int) -> jax.Array:
+def _mask_blocks(cfg: tile.TileConfig, mask_IK: jax.Array, devices: int, rows: int) -> jax.Array:
     """A device's mask rows ``[I, K]`` as ``[I', c, J']``: block j's columns, each block and the
     rows padded like the tiles (padding masked)."""
     per_block = mask_IK.shape[1] // devices
@@ -179,7 +179,7 @@ def _block(masks, key, j):
 def _merge(out_a, lse_a, out_b, lse_b):
     """Two softmaxes over disjoint key sets as one: weights ``exp(lse_x − lse)``."""
     lse = jnp.logaddexp(lse_a, lse_b)
-    weight = lambda x: tiled.rows_to_output(jnp.exp(x - lse))  # noqa: E731
+    weight = lambda x: tile.rows_to_output(jnp.exp(x - lse))  # noqa: E731
     return out_a * weight(lse_a) + out_b * weight(lse_b), lse
 
 
@@ -200,10 +200,10 @@ def _ring_forward(cfg, devices, q, k, v, params, q_pos, k_pos, valid, masks, key
     batch, rows, heads, head_dim = q.shape
     init = (
         jnp.zeros((batch, rows, heads, head_dim), jnp.float32),
-        jnp.full((batch, heads, rows), tiled.NEG, jnp.float32),
+        jnp.full((batch, heads, rows), tile.NEG, jnp.float32),
     )
     (out, lse, _), _ = jax.lax.scan(
-        step, (*tiled.vary(cfg, init), (k, v, k_pos, valid)), jnp.arange(devices)
+        step, (*tile.vary(cfg, init), (k, v, k_pos, valid)), jnp.arange(devices)
     )
     return out.astype(q.dtype), lse
 
@@ -237,7 +237,7 @@ def _ring_bwd(cfg, devices, residuals, d_out):
         return (dq + gq, jax.tree.map(jnp.add, dparams, gp), _rotate(block, devices)), None
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
-    init = tiled.vary(cfg, (zeros(q), jax.tree.map(zeros, params), zeros(k), zeros(v)))
+    init = tile.vary(cfg, (zeros(q), jax.tree.map(zeros, params), zeros(k), zeros(v)))
     carry = (init[0], init[1], (k, v, k_pos, valid, init[2], init[3]))
     (dq, dparams, block), _ = jax.lax.scan(step, carry, jnp.arange(devices))
     return tiled.as_inputs((dq, block[4], block[5], dparams), q, k, v, params)

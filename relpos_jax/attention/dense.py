@@ -21,8 +21,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos_jax import schemes
+from relpos_jax.attention import band as band_term
 from relpos_jax.attention import context as context_parallel
-from relpos_jax.attention import tiled
+from relpos_jax.attention import tile, tiled
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import Dropout
@@ -50,7 +51,7 @@ class PositionContext(NamedTuple):
     def allowed(self, max_distance: int | None) -> jax.Array:
         """``[T, K]`` bool: which keys each query may attend (the dense path's mask); keys more than
         ``max_distance`` back are out (same_length)."""
-        return tiled.allowed(
+        return tile.allowed(
             self.q_pos, self.k_pos, self.key_valid, max_distance=max_distance, mask_IJ=self.mask
         )
 
@@ -63,7 +64,8 @@ def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 def tiled_hooks(cfg: ModelConfig, memory: int):
     """The scheme's hooks as the tile callbacks of ``attention.tiled.attend``: ``logit_term`` gives
     a tile's logits beyond ``scale·q·k`` (the content query's shift, the score term, the bias),
-    ``value_term`` its value side; None where the scheme adds nothing. ``params`` is (the layer's
+    ``value_term`` its value side, ``band`` the score term of a scheme that gives it as a band
+    (``band_query``, ``band_rows``: scored once per distance); None where the scheme adds nothing. ``params`` is (the layer's
     parameters by name, the layer's context: ``Scheme.layer_context``); of a tile's window starts
     (``Tile.q_start``, ``k_start``) only their difference matters, and it follows from the
     positions (``q_start`` is set as if the tile's first query were the segment's first, after
@@ -72,8 +74,10 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
     scheme, base = schemes.get(cfg.position), schemes.Scheme
     overrides = {
         hook: getattr(type(scheme), hook) is not getattr(base, hook)
-        for hook in ("content_query", "score_term", "bias", "value_term")
+        for hook in ("content_query", "score_term", "bias", "value_term", "band_rows")
     }
+    band = overrides.pop("band_rows")  # the score term as a band (``attention.band``)
+    overrides["score_term"] &= not band
 
     def layer(params):
         arrays, context = params
@@ -103,9 +107,21 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
         attention, context = layer(params)
         return scheme.value_term(attention, weights_BNIJ, tile(q_pos_I, k_pos_J), context)
 
+    def band_query(params, q_BINH):
+        attention, context = layer(params)
+        return scheme.band_query(attention, q_BINH, context) * jnp.asarray(scale, q_BINH.dtype)
+
+    def band_rows(params, top, count):
+        attention, context = layer(params)
+        return scheme.band_rows(attention, context, top, count)
+
     scale = scheme.scale(cfg)
     adds_logits = overrides["content_query"] or overrides["score_term"] or overrides["bias"]
-    return (logit_term if adds_logits else None), (value_term if overrides["value_term"] else None)
+    return (
+        logit_term if adds_logits else None,
+        value_term if overrides["value_term"] else None,
+        band_term.Band(band_query, band_rows) if band else None,
+    )
 
 
 class Attention(nnx.Module):
@@ -181,10 +197,10 @@ class Attention(nnx.Module):
             {n: p[...] for n, p in vars(self).items() if isinstance(p, nnx.Param)},
             self._context(ctx, q.dtype),
         )
-        logit_term, value_term = tiled_hooks(self.config, k.shape[1] - q.shape[1])
+        logit_term, value_term, band = tiled_hooks(self.config, k.shape[1] - q.shape[1])
         valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
         hooks = dict(
-            scale=self.scale, logit_term=logit_term, value_term=value_term,
+            scale=self.scale, logit_term=logit_term, value_term=value_term, band=band,
             max_distance=self._max_distance(ctx), dropatt=rate,
         )  # fmt: skip
         split = context_parallel.splits(q.shape[1], k.shape[1])  # the mesh splits the segment

@@ -1,13 +1,17 @@
 """Attention over tiles with an online softmax: the tile contract of the position schemes.
 
 A position scheme says what it adds to one tile of attention, a block of queries ``I`` against a
-block of keys ``J``, given their explicit integer positions, through two callbacks:
+block of keys ``J``, given their explicit integer positions, through three callbacks (the pieces
+of one tile are in ``attention.tile``):
 
 * ``logit_term(params, q_BINH, k_BJNH, q_pos_I, k_pos_J)`` -> ``[B, N, I, J]`` float32 (or anything
   broadcastable to it), in final logit units: added to ``scale·q·k``;
 * ``value_term(params, p_BNIJ, q_pos_I, k_pos_J)`` -> ``[B, I, N, H]``: added to ``Σ_j p_ij v_j``
   (Shaw's value side). It must be linear in ``p``: the tiled path calls it with the tile's weights
-  before normalisation and rescales the running sum, as it does for ``Σ_j p_ij v_j``.
+  before normalisation and rescales the running sum, as it does for ``Σ_j p_ij v_j``;
+* ``band`` (``attention.band.Band``): a logit term ``a_i · w_{q_pos_i − k_pos_j}`` given by its
+  query side and its rows per distance (Transformer-XL's ``(q + v)·W_R·R``), which the key scan
+  scores once per distance, carrying each key tile's products to the next.
 
 Query i may attend key j iff ``key_valid[j]`` and ``0 ≤ q_pos[i] − k_pos[j]`` (≤ ``max_distance``
 when given: Transformer-XL's same_length), or, when ``mask [T, K]`` is given, iff ``key_valid[j]``
@@ -48,31 +52,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from relpos_jax.ops import precision
-from relpos_jax.ops.dropout import keep_mask
-
-F32 = jnp.float32
-NEG = float(jnp.finfo(F32).min)  # a masked logit: exp(NEG − m) is 0, NEG − NEG is 0, never NaN
-
-
-class TileConfig(NamedTuple):
-    """The static part of one call (hashed by ``custom_vjp``'s ``nondiff_argnums``)."""
-
-    scale: float
-    logit_term: Callable | None
-    value_term: Callable | None
-    max_distance: int | None
-    query_tile: int
-    num_query_tiles: int
-    tile: int  # keys per tile
-    num_tiles: int  # key tiles
-    rate: float
-    varying: tuple[str, ...] = ()  # inside shard_map: the manual axes the inputs vary over
+from relpos_jax.attention import band as band_term
+from relpos_jax.attention import tile
+from relpos_jax.attention.tile import F32, NEG, TileConfig, rows_to_output, vary
 
 
 def attend(
@@ -87,6 +74,7 @@ def attend(
     params: Any = None,
     logit_term: Callable | None = None,
     value_term: Callable | None = None,
+    band: band_term.Band | None = None,
     max_distance: int | None = None,
     mask: jax.Array | None = None,
     key_tile: int | None = None,
@@ -100,7 +88,7 @@ def attend(
     and key get none."""
     cfg, padded = plan(
         q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key, scale=scale,
-        logit_term=logit_term, value_term=value_term, max_distance=max_distance,
+        logit_term=logit_term, value_term=value_term, band=band, max_distance=max_distance,
         key_tile=key_tile, query_tile=query_tile, dropatt=dropatt,
     )  # fmt: skip
     if key_tile is None:
@@ -110,7 +98,7 @@ def attend(
 
 def plan(
     q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key, *, scale,
-    logit_term, value_term, max_distance, key_tile, query_tile, dropatt,
+    logit_term, value_term, max_distance, key_tile, query_tile, dropatt, band=None,
 ) -> tuple[TileConfig, tuple]:  # fmt: skip
     """``attend``'s checks, static config and inputs ``(q, k, v, params, q_pos, k_pos, key_valid,
     mask, key)`` padded to whole tiles (as given with ``key_tile=None``), typed alike (``vary``)."""
@@ -127,42 +115,25 @@ def plan(
     rate = float(dropatt) if dropout_key is not None else 0.0
     q_pos, k_pos = jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32)
     key_valid = jnp.asarray(key_valid, bool)
-    tile = k_len if key_tile is None else min(key_tile, k_len)
+    keys = k_len if key_tile is None else min(key_tile, k_len)
     rows = q_len if query_tile is None or key_tile is None else min(query_tile, q_len)
-    num_tiles, num_rows = -(-k_len // tile), -(-q_len // rows)
+    num_tiles, num_rows = -(-k_len // keys), -(-q_len // rows)
     inputs = (q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
-    varying = tuple(sorted(set().union(*(_vma(x) for x in jax.tree.leaves(inputs)))))
+    varying = tuple(sorted(set().union(*(tile.varying_axes(x) for x in jax.tree.leaves(inputs)))))
     cfg = TileConfig(
-        float(scale), logit_term, value_term, max_distance, rows, num_rows, tile, num_tiles, rate,
-        varying,
+        float(scale), logit_term, value_term, max_distance, rows, num_rows, keys, num_tiles, rate,
+        varying, band,
     )  # fmt: skip
     inputs = vary(cfg, inputs)  # one type for every input and carry; shared gradients summed
     if key_tile is None:
         return cfg, inputs
     q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key = inputs
-    k_BKNH, v_BKNH, k_pos = (_pad(x, num_tiles * tile) for x in (k_BKNH, v_BKNH, k_pos))
+    k_BKNH, v_BKNH, k_pos = (_pad(x, num_tiles * keys) for x in (k_BKNH, v_BKNH, k_pos))
     q_BTNH, q_pos = (_pad(x, num_rows * rows) for x in (q_BTNH, q_pos))
-    key_valid = jnp.pad(key_valid, (0, num_tiles * tile - k_len))
+    key_valid = jnp.pad(key_valid, (0, num_tiles * keys - k_len))
     if mask is not None:
-        mask = jnp.pad(mask, ((0, num_rows * rows - q_len), (0, num_tiles * tile - k_len)))
+        mask = jnp.pad(mask, ((0, num_rows * rows - q_len), (0, num_tiles * keys - k_len)))
     return cfg, (q_BTNH, k_BKNH, v_BKNH, params, q_pos, k_pos, key_valid, mask, dropout_key)
-
-
-def _vma(x) -> frozenset:
-    """The manual mesh axes ``x`` varies over (none outside ``jax.shard_map``)."""
-    return getattr(getattr(jax.typeof(x), "manual_axis_type", None), "varying", frozenset())
-
-
-def vary(cfg: TileConfig, tree: Any) -> Any:
-    """``tree`` typed as varying over ``cfg.varying`` (inside ``jax.shard_map``: ``attention.context``):
-    scans and conds need one type for their carries, and ``pcast``'s transpose sums the gradient of
-    an input every device shares."""
-
-    def one(x):
-        missing = tuple(a for a in cfg.varying if a not in _vma(x))
-        return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(one, tree) if cfg.varying else tree
 
 
 def _pad(x: jax.Array, length: int) -> jax.Array:
@@ -175,113 +146,57 @@ def _pad(x: jax.Array, length: int) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
 
 
-# ----------------------------------------------------------------------------------- one tile
-
-
-def allowed(q_pos_I, k_pos_J, valid_J=None, *, max_distance=None, mask_IJ=None) -> jax.Array:
-    """``[I, J]`` bool: may query i attend key j (the rule of the module docstring; the dense
-    path's mask too)."""
-    if mask_IJ is None:
-        rel = q_pos_I[:, None] - k_pos_J[None, :]
-        mask_IJ = rel >= 0
-        if max_distance is not None:
-            mask_IJ = mask_IJ & (rel <= max_distance)
-    return mask_IJ if valid_J is None else mask_IJ & valid_J[None, :]
-
-
-def _allowed(cfg: TileConfig, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array:
-    return allowed(q_pos_I, k_pos_J, valid_J, max_distance=cfg.max_distance, mask_IJ=mask_IJ)
-
-
-def _logits(cfg: TileConfig, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
-    """``[B, N, I, J]`` float32 logits of the tile, before the mask."""
-    s = cfg.scale * precision.einsum("binh,bjnh->bnij", q, k_J, out_dtype=F32)
-    if cfg.logit_term is not None:
-        s = s + cfg.logit_term(params, q, k_J, q_pos, k_pos_J).astype(F32)
-    return s
-
-
-def _values(cfg: TileConfig, p, v_J, params, q_pos, k_pos_J) -> jax.Array:
-    """``Σ_j p_ij v_j + value_term(p)`` -> ``[B, I, N, H]`` float32."""
-    out = precision.einsum("bnij,bjnh->binh", p, v_J.astype(F32), out_dtype=F32)
-    if cfg.value_term is not None:
-        out = out + cfg.value_term(params, p, q_pos, k_pos_J).astype(F32)
-    return out
-
-
-def _keep(cfg: TileConfig, key, index, shape) -> jax.Array | None:
-    """Tile ``index``'s dropout factors (0 or the kept scale) ``[B, N, I, J]``, or None without
-    dropout."""
-    if cfg.rate == 0.0:
-        return None
-    keep, factor = keep_mask(jax.random.fold_in(key, index), shape, cfg.rate)
-    return jnp.where(keep, jnp.asarray(factor, F32), jnp.zeros((), F32))
-
-
 def _dense(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key) -> jax.Array:
     """The reference: one tile, the plain softmax, plain autodiff."""
-    s = _logits(cfg, q, k, params, q_pos, k_pos)
-    allowed = _allowed(cfg, q_pos, k_pos, valid, mask)
+    s = tile.logits(cfg, q, k, params, q_pos, k_pos)
+    if cfg.band is not None:
+        s = s + band_term.whole(cfg.band, params, q, q_pos[0] - k_pos[0], k.shape[1])
+    allowed = tile.allowed_in(cfg, q_pos, k_pos, valid, mask)
     p = jax.nn.softmax(jnp.where(allowed, s, NEG), axis=-1)
-    keep = _keep(cfg, key, 0, p.shape)
+    keep = tile.keep(cfg, key, 0, p.shape)
     p = p if keep is None else p * keep
-    return _values(cfg, p, v, params, q_pos, k_pos).astype(q.dtype)
-
-
-# ------------------------------------------------------------------------------------ tiles
-
-
-def _cut(x: jax.Array, index, size: int, axis: int) -> jax.Array:
-    return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis)
-
-
-def _query_tile(cfg: TileConfig, i, q, q_pos, mask):
-    """Query tile i's queries ``[B, I, N, H]``, positions and mask rows (padded window)."""
-    mask_I = None if mask is None else _cut(mask, i, cfg.query_tile, 0)
-    return _cut(q, i, cfg.query_tile, 1), _cut(q_pos, i, cfg.query_tile, 0), mask_I
-
-
-def _key_tile(cfg: TileConfig, t, k, v, k_pos, valid, mask_I):
-    """Key tile t's keys, values, key positions, validity and mask columns (padded window)."""
-    mask_IJ = None if mask_I is None else _cut(mask_I, t, cfg.tile, 1)
-    cut = lambda x, axis: _cut(x, t, cfg.tile, axis)  # noqa: E731
-    return cut(k, 1), cut(v, 1), cut(k_pos, 0), cut(valid, 0), mask_IJ
-
-
-def rows_to_output(x_BNI: jax.Array) -> jax.Array:
-    """A per-row ``[B, N, I]`` as ``[B, I, N, 1]`` (broadcasts against the output)."""
-    return jnp.transpose(x_BNI, (0, 2, 1))[..., None]
+    return tile.values(cfg, p, v, params, q_pos, k_pos).astype(q.dtype)
 
 
 def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key):
     """The online softmax of query tile i over the key tiles: ``(out [B, I, N, H] float32,
     lse [B, N, I])``."""
     batch, rows, heads, head_dim = q_I.shape
+    a = None if cfg.band is None else cfg.band.query(params, q_I)
 
     def step(carry, t):
-        k_J, v_J, k_pos_J, valid_J, mask_IJ = _key_tile(cfg, t, k, v, k_pos, valid, mask_I)
-        allowed = _allowed(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
+        k_J, v_J, k_pos_J, valid_J, mask_IJ = tile.key_tile(cfg, t, k, v, k_pos, valid, mask_I)
+        allowed = tile.allowed_in(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
 
         def visit(carry):
-            m, l, acc = carry
-            s = jnp.where(allowed, _logits(cfg, q_I, k_J, params, q_pos_I, k_pos_J), NEG)
+            m, l, acc, band = carry
+            s = tile.logits(cfg, q_I, k_J, params, q_pos_I, k_pos_J)
+            if a is not None:
+                delta = q_pos_I[0] - k_pos_J[0]
+                p_t, before, band = band_term.tile(cfg.band, params, a, delta, allowed, band)
+                s = s + band_term.logits(p_t, before, cfg.tile)
+            s = jnp.where(allowed, s, NEG)
             m_new = jnp.maximum(m, s.max(axis=-1))
             alpha = jnp.exp(m - m_new)
             e = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
             l = alpha * l + e.sum(axis=-1)
-            keep = _keep(cfg, key, i * cfg.num_tiles + t, e.shape)
+            keep = tile.keep(cfg, key, i * cfg.num_tiles + t, e.shape)
             e = e if keep is None else e * keep
-            acc = acc * rows_to_output(alpha) + _values(cfg, e, v_J, params, q_pos_I, k_pos_J)
-            return m_new, l, acc
+            acc = acc * rows_to_output(alpha) + tile.values(cfg, e, v_J, params, q_pos_I, k_pos_J)
+            return m_new, l, acc, band
 
-        return jax.lax.cond(allowed.any(), visit, lambda carry: carry, carry), None
+        def skip(carry):
+            return (*carry[:3], None if a is None else band_term.skipped(carry[3]))
+
+        return jax.lax.cond(allowed.any(), visit, skip, carry), None
 
     init = (
         jnp.full((batch, heads, rows), NEG, F32),
         jnp.zeros((batch, heads, rows), F32),
         jnp.zeros((batch, rows, heads, head_dim), F32),
+        None if a is None else band_term.initial(a, params, cfg.tile, backward=False),
     )
-    (m, l, acc), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
+    (m, l, acc, _), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
     some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
     l_safe = jnp.where(some, l, 1.0)
     return acc / rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
@@ -293,7 +208,7 @@ def forward(cfg: TileConfig, q, k, v, params, q_pos, k_pos, valid, mask, key):
     batch, q_len, heads, _ = q.shape
 
     def rows(i):
-        q_I, q_pos_I, mask_I = _query_tile(cfg, i, q, q_pos, mask)
+        q_I, q_pos_I, mask_I = tile.query_tile(cfg, i, q, q_pos, mask)
         return _forward_rows(cfg, i, q_I, q_pos_I, mask_I, k, v, params, k_pos, valid, key)
 
     out, lse = jax.lax.map(rows, jnp.arange(cfg.num_query_tiles))  # [n_i, B, I, …]
@@ -307,40 +222,66 @@ def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_r
     float32), and ``dparams`` summed over its key tiles."""
     k, v, params, k_pos, valid, key = residuals
     to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(F32), tree)  # noqa: E731
+    a, query_vjp = (None, None) if cfg.band is None else jax.vjp(cfg.band.query, params, q_I)
 
     def step(carry, t):
-        k_J, v_J, k_pos_J, valid_J, mask_IJ = _key_tile(cfg, t, k, v, k_pos, valid, mask_I)
-        allowed = _allowed(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
+        k_J, v_J, k_pos_J, valid_J, mask_IJ = tile.key_tile(cfg, t, k, v, k_pos, valid, mask_I)
+        allowed = tile.allowed_in(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ)
+        delta = q_pos_I[0] - k_pos_J[0]
 
         def visit(carry):
-            dq, dparams = carry
-            s, logits_vjp = jax.vjp(
-                lambda q_, k_, prm: _logits(cfg, q_, k_, prm, q_pos_I, k_pos_J), q_I, k_J, params
-            )
+            dq, dparams, band = carry
+            products = ()
+            if a is not None:  # the band's products enter as inputs: their cotangents summed
+                p_t, before, band_next = band_term.tile(cfg.band, params, a, delta, allowed, band)
+                products = (p_t, before)
+
+            def logits(q_, k_, prm, *products):
+                s = tile.logits(cfg, q_, k_, prm, q_pos_I, k_pos_J)
+                return s + band_term.logits(*products, cfg.tile) if products else s
+
+            s, logits_vjp = jax.vjp(logits, q_I, k_J, params, *products)
             p = jnp.where(allowed, jnp.exp(s - lse_I[..., None]), 0.0)
-            keep = _keep(cfg, key, i * cfg.num_tiles + t, p.shape)
+            keep = tile.keep(cfg, key, i * cfg.num_tiles + t, p.shape)
             p_dropped = p if keep is None else p * keep
             _, values_vjp = jax.vjp(
-                lambda p_, v_, prm: _values(cfg, p_, v_, prm, q_pos_I, k_pos_J),
+                lambda p_, v_, prm: tile.values(cfg, p_, v_, prm, q_pos_I, k_pos_J),
                 p_dropped, v_J, params,
             )  # fmt: skip
             dp, dv_J, dparams_v = values_vjp(d_out_I)
             dp = dp if keep is None else dp * keep
             ds = p * (dp - d_rows_I[..., None])
-            dq_t, dk_J, dparams_s = logits_vjp(ds)
+            dq_t, dk_J, dparams_s, *d_products = logits_vjp(ds)
+            if a is not None:
+                band = band_term.backward(
+                    cfg.band, params, a, delta, allowed, band_next, *d_products
+                )
             dparams = jax.tree.map(
-                lambda a, b, c: a + b + c, dparams, to_f32(dparams_s), to_f32(dparams_v)
+                lambda x, y, z: x + y + z, dparams, to_f32(dparams_s), to_f32(dparams_v)
             )
-            return (dq + dq_t.astype(F32), dparams), (dk_J.astype(F32), dv_J.astype(F32))
+            dk_dv = (dk_J.astype(F32), dv_J.astype(F32))
+            return (dq + dq_t.astype(F32), dparams, band), dk_dv
 
         def skip(carry):
             zeros = vary(cfg, jnp.zeros(k_J.shape, F32))
+            if a is not None:
+                carry = (*carry[:2], band_term.flush(cfg.band, params, a, cfg.tile, carry[2]))
             return carry, (zeros, zeros)
 
         return jax.lax.cond(allowed.any(), visit, skip, carry)
 
-    init = (jnp.zeros(q_I.shape, F32), jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params))
-    (dq_I, dparams), (dk, dv) = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
+    init = (
+        jnp.zeros(q_I.shape, F32),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
+        None if a is None else band_term.initial(a, params, cfg.tile, backward=True),
+    )
+    init = vary(cfg, init)
+    (dq_I, dparams, band), (dk, dv) = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
+    if a is not None:  # the last pending products, then the band's query
+        band = band_term.flush(cfg.band, params, a, cfg.tile, band)
+        dparams_a, dq_a = query_vjp(band.da.astype(a.dtype))
+        dq_I = dq_I + dq_a.astype(F32)
+        dparams = jax.tree.map(lambda x, y, z: x + y + z, dparams, band.dparams, to_f32(dparams_a))
     return dq_I, _untile(dk, k.shape), _untile(dv, v.shape), dparams
 
 
@@ -377,9 +318,9 @@ def gradients(cfg: TileConfig, residuals, d_out):
 
     def rows(carry, i):
         dk, dv, dparams = carry
-        q_I, q_pos_I, mask_I = _query_tile(cfg, i, q, q_pos, mask)
-        lse_I, d_rows_I = (_cut(x, i, cfg.query_tile, 2) for x in (lse, d_rows))
-        d_out_I = _cut(d_out, i, cfg.query_tile, 1)
+        q_I, q_pos_I, mask_I = tile.query_tile(cfg, i, q, q_pos, mask)
+        lse_I, d_rows_I = (tile.cut(x, i, cfg.query_tile, 2) for x in (lse, d_rows))
+        d_out_I = tile.cut(d_out, i, cfg.query_tile, 1)
         dq_I, dk_i, dv_i, dparams_i = _backward_rows(
             cfg, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_rows_I, shared
         )

@@ -14,6 +14,10 @@ hook                  what it gives, and who uses it
 ``bias``              ``[N, I, J]`` added after scaling (t5, alibi)
 ``value_term``        ``[B, I, N, H]`` added to the weighted values (shaw's value side)
 ``layer_context``     what a layer computes once before its tiles (txl: ``W_R·R``)
+``band_query``        the query side ``a_i`` of a score term given as a band ``a_i · w_{i−j}``
+                      (txl: ``q + v``)
+``band_rows``         its rows ``w`` by distance (txl: ``W_R·R``): the tiled path scores each
+                      distance once (``attention.band``); ``score_term`` gives the dense window's
 ====================  =========================================================================
 
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
@@ -118,6 +122,15 @@ class Scheme:
         self, attention: Any, q_BINH: jax.Array, k: jax.Array, tile: Tile, context: Any
     ) -> jax.Array | None:
         return None
+
+    def band_query(self, attention: Any, q_BINH: jax.Array, context: Any) -> jax.Array:
+        """The query side ``a [B, I, N, H]`` of a band score term (inside the scaled product)."""
+        raise NotImplementedError
+
+    def band_rows(self, attention: Any, context: Any, top, count: int) -> jax.Array:
+        """Rows ``w [count, N, H]`` of distances ``top, top − 1, …`` (``top`` traced); rows of
+        distances outside the scheme's range may hold anything (they feed only masked pairs)."""
+        raise NotImplementedError
 
     def bias(self, attention: Any, tile: Tile, context: Any) -> jax.Array | None:
         return None

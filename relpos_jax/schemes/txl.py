@@ -76,31 +76,33 @@ class TransformerXL(Scheme):
         return precision.add_bias(q_BINH, self._biases(attention, context)[0])
 
     def score_term(self, attention, q_BINH, k, tile: Tile, context) -> jax.Array:
-        """``(q_i + v)ᵀ W_R R_{i−j}`` from the band of R rows the tile's causal distances need."""
+        """``(q_i + v)ᵀ W_R R_{i−j}`` of the dense window: the band of R rows its causal distances
+        need (all of ``r_K`` for the whole window), scored against ``q + v`` and shifted."""
         r_LNH = self._band(context["r_KNH"], tile)
-        q_v = precision.add_bias(q_BINH, self._biases(attention, context)[1])
-        band = P.rel_shift(_logits_einsum("binh,lnh->bnil", q_v, r_LNH))
+        band = P.rel_shift(
+            _logits_einsum("binh,lnh->bnil", self.band_query(attention, q_BINH, context), r_LNH)
+        )
         return band[..., : tile.shape[1]]
+
+    def band_query(self, attention, q_BINH, context) -> jax.Array:
+        return precision.add_bias(q_BINH, self._biases(attention, context)[1])
+
+    def band_rows(self, attention, context, top, count: int) -> jax.Array:
+        """Rows of ``W_R·R`` for distances ``top`` down; beyond the window (padding queries, keys
+        ahead of every query) they repeat its edge."""
+        r_K = context["r_KNH"]
+        padded = jnp.pad(r_K, ((count, count),) + ((0, 0),) * (r_K.ndim - 1), mode="edge")
+        return jax.lax.dynamic_slice_in_dim(padded, r_K.shape[0] - 1 - top + count, count, axis=0)
 
     @staticmethod
     def _band(r_K: jax.Array, tile: Tile) -> jax.Array:
         """Rows of ``r_K`` (distances ``K − 1 … 0``) from the tile's largest distance ``d_max``
-        down, as many as ``rel_shift`` reads: rows for distances below 0 only feed masked entries
-        (they repeat distance 0). With a static tile (the dense window) the band stops at the
-        smallest causal distance, at least ``max(I, J)`` rows: for the whole window, all of
-        ``r_K``. Inside the scans over tiles ``d_max`` is traced: ``I + J − 1`` rows."""
-        rows, (q_len, k_len) = r_K.shape[0], tile.shape
+        down to its smallest causal one, at least ``max(I, J)`` rows (as many as ``rel_shift``
+        reads; rows below distance 0 would only feed masked entries): for the whole window, all
+        of ``r_K``."""
+        q_len, k_len = tile.shape
         d_max = tile.longest_distance
-        if isinstance(d_max, int):
-            d_low = max(d_max - (q_len + k_len - 2), 0)
-            length = max(d_max - d_low + 1, q_len, k_len)
-        else:
-            length = q_len + k_len - 1
-        first = rows - 1 - d_max  # the row of distance d_max (0 ≤ d_max ≤ K − 1)
-        if isinstance(first, int) and first + length <= rows:
-            return r_K[first : first + length]
-        # Padded tiles reach past the window both ways: padding keys below distance 0, padding
-        # queries beyond K − 1. Their rows repeat the edge and feed only entries that are masked
-        # or dropped.
-        padded = jnp.pad(r_K, ((length, length),) + ((0, 0),) * (r_K.ndim - 1), mode="edge")
-        return jax.lax.dynamic_slice_in_dim(padded, first + length, length, axis=0)
+        d_low = max(d_max - (q_len + k_len - 2), 0)
+        length = max(d_max - d_low + 1, q_len, k_len)
+        first = r_K.shape[0] - 1 - d_max  # the row of distance d_max (0 ≤ d_max ≤ K − 1)
+        return r_K[first : first + length]
