@@ -1,23 +1,27 @@
-"""The Transformer-XL paper's Table 6 at small scale: every position scheme × {memory, no memory}.
+"""The Transformer-XL paper's Table 6 at small scale: every position scheme × {memory, no memory},
+over seeds.
 
-    .venv/bin/python -m bench.ablation [--steps 500] [--schemes txl,shaw,...] [--seed 0]
+    .venv/bin/python -m bench.ablation [--steps 500] [--schemes txl,shaw,...] [--seeds 0,1,2]
         [--mem-len 128] [--set model.n_layers=12 ...]   # any config override, applied to every run
+        [--dry-run]                                     # list the runs' command lines, run nothing
 
 Trains ``configs/<scheme>_small.py`` (txl_small's sizes, data and hyperparameters; only the position
-scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal steps, on the embedded pystdlib
-corpus, each with ``train.py`` then ``eval.py --splits test`` (every test token once, memory as
-trained). Finished runs under ``runs/ablation/`` are reused. Writes ``docs/results/ablation.md`` (test
-bpc, with the paper's WikiText-103 perplexities beside for reference) and ``ablation.png``.
+scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal steps, on the
+embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits test`` (every test
+token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
+on where it stopped. Writes ``ablation.json`` (settings, commit, each run's test bpc) and renders
+``ablation.md`` (mean ± sd over seeds, the paper's WikiText-103 perplexities beside for reference,
+and which differences exceed twice the spread) and ``ablation.png`` from it.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import pathlib
-import subprocess
 import sys
 
 from bench import args as options
+from bench import sweep
 from bench.measure import ROOT
 from relpos_jax.config import POSITIONS, load_config
 
@@ -48,36 +52,85 @@ def config_for(scheme: str, mem_len: int, seed: int, sets=()):
     return load_config(ROOT / config_file(scheme), overrides(mem_len, seed, sets))
 
 
-def run(scheme: str, mem_len: int, steps: int, seed: int, runs: pathlib.Path, sets=()) -> dict:
-    workdir = runs / f"{scheme}_mem{mem_len}_seed{seed}"
-    done = workdir / "eval.json"
-    if done.exists() and json.loads(done.read_text()).get("step") == steps:
-        return json.loads(done.read_text())
-    settings = [f"train.steps={steps}", "train.eval_every=0", *overrides(mem_len, seed, sets)]
-    flags = [
-        "--config", config_file(scheme), "--workdir", str(workdir),
-        *(f"--config.{s}" for s in settings),
-    ]  # fmt: skip
-    subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, check=True)
-    subprocess.run([sys.executable, "eval.py", *flags, "--splits", "test"], cwd=ROOT, check=True)
-    return json.loads(done.read_text())
+def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
+    """The sweep's runs by (scheme, memory, seed)."""
+    runs = {}
+    for scheme in args.schemes:
+        for mem_len in (args.mem_len, 0):
+            for seed in args.seeds:
+                name = f"{scheme}_mem{mem_len}_seed{seed}"
+                runs[scheme, mem_len, seed] = sweep.Run(
+                    name=name, workdir=pathlib.Path(args.runs) / name, config=config_file(scheme),
+                    settings=(
+                        f"train.steps={args.steps}", "train.eval_every=0",
+                        *overrides(mem_len, seed, args.set),
+                    ),
+                )  # fmt: skip
+    return runs
+
+
+def _groups(results: dict) -> dict[tuple[str, int], list[float]]:
+    """Test bpc of each (scheme, memory), over its seeds."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for run in results["runs"]:
+        groups.setdefault((run["scheme"], run["memory"]), []).append(run["test_bpc"])
+    return groups
+
+
+def render(results: dict) -> str:
+    s, groups = results["settings"], _groups(results)
+    summary = {key: sweep.mean_sd(values) for key, values in groups.items()}
+    order = sorted(groups, key=lambda key: summary[key][0])
+    lines = [
+        "# Scheme × memory ablation (the Transformer-XL paper's Table 6, small scale)",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every run: {s['steps']} steps, "
+        f"memory {s['mem_len']} or 0, seeds {', '.join(map(str, s['seeds']))}; test bpc over the "
+        "whole test split, memory carried as trained; mean ± sample sd over the seeds.",
+        "",
+        "| scheme | memory | test bpc | seeds | paper (WikiText-103 test ppl) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for scheme, memory in order:
+        mean, sd = summary[scheme, memory]
+        lines.append(
+            f"| {scheme} | {memory} | {mean:.4f} ± {sd:.4f} | {len(groups[scheme, memory])} | "
+            f"{PAPER.get((scheme, memory > 0), '')} |"
+        )
+    lines += ["", "Differences beyond twice the larger spread (lower bpc is better):", ""]
+    found = []
+    for (scheme, memory), (after_scheme, after_memory) in itertools.pairwise(order):
+        if sweep.apart(groups[scheme, memory], groups[after_scheme, after_memory]):
+            found.append(f"- {scheme} (memory {memory}) lower than {after_scheme} (memory "
+                         f"{after_memory}), next in the ranking")  # fmt: skip
+    for scheme in dict.fromkeys(key[0] for key in order):
+        with_memory, without = groups.get((scheme, s["mem_len"])), groups.get((scheme, 0))
+        if with_memory and without and sweep.apart(with_memory, without):
+            delta = summary[scheme, s["mem_len"]][0] - summary[scheme, 0][0]
+            found.append(f"- {scheme}: memory {'lowers' if delta < 0 else 'raises'} test bpc "
+                         f"by {abs(delta):.4f}")  # fmt: skip
+    return "\n".join(lines + (found or ["- none"]) + [""])
 
 
 def plot(results: dict, path: pathlib.Path) -> None:
     from matplotlib.figure import Figure
 
+    groups = _groups(results)
+    summary = {key: sweep.mean_sd(values) for key, values in groups.items()}
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    schemes = sorted({s for s, _ in results}, key=POSITIONS.index)
+    schemes = sorted({s for s, _ in groups}, key=POSITIONS.index)
     width = 0.4
-    for i, mem_len in enumerate(sorted({m for _, m in results}, reverse=True)):
-        values = [results.get((s, mem_len), float("nan")) for s in schemes]
+    for i, mem_len in enumerate(sorted({m for _, m in groups}, reverse=True)):
+        stats = [summary.get((s, mem_len), (float("nan"), 0.0)) for s in schemes]
         xs = [k + (i - 0.5) * width for k in range(len(schemes))]
-        ax.bar(xs, values, width, label=f"memory {mem_len}")
+        ax.bar(xs, [m for m, _ in stats], width, yerr=[sd for _, sd in stats],
+               label=f"memory {mem_len}", capsize=2)  # fmt: skip
     ax.set_xticks(range(len(schemes)), schemes)
-    ax.set_ylabel("test bpc (pystdlib)")
-    low = min(v for v in results.values())
-    ax.set_ylim(low - 0.1, max(results.values()) + 0.05)
+    ax.set_ylabel("test bpc, mean ± sd over seeds")
+    means = [m for m, _ in summary.values()]
+    ax.set_ylim(min(means) - 0.1, max(means) + 0.05)
     ax.legend()
     fig.savefig(path, dpi=120)
 
@@ -86,34 +139,34 @@ def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=500)
     options.add_schemes(parser, SCHEMES)
-    options.add_seed(parser)
+    parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
+    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
     options.add_runs(parser, "runs/ablation")
     options.add_out(parser)
     options.add_overrides(parser)
     args = parser.parse_args()
-    results = {}
-    for scheme in args.schemes:
-        for mem_len in (args.mem_len, 0):
-            evaluated = run(
-                scheme, mem_len, args.steps, args.seed, pathlib.Path(args.runs), args.set
-            )
-            results[(scheme, mem_len)] = evaluated["test"]["bpc"]
-    lines = [
-        "| scheme | memory | test bpc | paper (WT103 test ppl) |",
-        "|---|---:|---:|---|",
-        *(
-            f"| {s} | {m} | {bpc:.4f} | {PAPER.get((s, m > 0), '')} |"
-            for (s, m), bpc in sorted(results.items(), key=lambda kv: kv[1])
+    runs = runs_of(args)
+    if args.dry_run:
+        print(sweep.dry_run(list(runs.values())))
+        return
+    evaluated = sweep.execute(list(runs.values()), args.steps)
+    results = {
+        "settings": sweep.settings(
+            ["bench.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
+            seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
         ),
-    ]
-    print("\n".join(lines))
+        "runs": [
+            {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),
+             "test_bpc": evaluated[run.name]["test"]["bpc"]}
+            for (scheme, mem_len, seed), run in runs.items()
+        ],
+    }  # fmt: skip
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    sweep.write(out / "ablation.json", results)
+    (out / "ablation.md").write_text(render(results))
     plot(results, out / "ablation.png")
-    (out / "ablation.json").write_text(
-        json.dumps({f"{s}/mem{m}": v for (s, m), v in results.items()}, indent=1) + "\n"
-    )
+    print(render(results))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def listed(kind: type = str, choices: Sequence | None = None) -> Callable[[str],
     """An argparse ``type``: ``"a,b,c"`` as a tuple of ``kind`` values, each one of ``choices``."""
 
     def parse(text: str) -> tuple:
-        values = tuple(kind(item) for item in text.split(","))
+        values = tuple(kind(item) for item in text.split(",")) if text else ()  # "": none
         unknown = [str(v) for v in values if choices is not None and v not in choices]
         if unknown:
             known = ",".join(map(str, choices))

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from bench import ablation
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -46,13 +48,17 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         "data.segment_len=8", "data.batch_size=4",
     ]  # fmt: skip
     command = bench(
-        "ablation", "--steps", "2", "--schemes", "rope", "--runs", str(tmp_path / "runs"),
+        "ablation", "--steps", "2", "--schemes", "rope", "--seeds", "0",
+        "--runs", str(tmp_path / "runs"),
         "--out", str(tmp_path / "out"), *(f"--set={s}" for s in sets),
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| rope")]
     assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
+    results = json.loads((tmp_path / "out" / "ablation.json").read_text())
+    assert [(r["memory"], r["seed"]) for r in results["runs"]] == [(128, 0), (0, 0)]
+    assert (tmp_path / "out" / "ablation.md").read_text() == ablation.render(results)
 
     command = bench(
         "extrapolation", "--schemes", "rope", "--runs", str(tmp_path / "runs"),

@@ -29,7 +29,6 @@ Legend: B batch, I/J queries/keys of a tile, N heads, H head dim, c a column of 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -93,21 +92,21 @@ def logits(p: jax.Array, previous: jax.Array, keys: int) -> jax.Array:
     return jnp.where(_upper(rows, keys), here, before)
 
 
-def finish(band: Band, params, a, d_p, top, count: int):
-    """``(da [B, I, N, H], dparams)`` float32 of the products ``P`` (distances ``top`` down) whose
-    cotangent is ``d_p``: ``da = d_p·w``, ``dw = d_pᵀ·a`` taken into the parameters."""
-    w, w_vjp = jax.vjp(lambda prm: band.rows(prm, top, count), params)
-    da = precision.einsum("bnic,cnh->binh", d_p, w.astype(F32), out_dtype=F32)
+def finish(band: Band, params, a, d_p, top, count: int) -> tuple[jax.Array, jax.Array]:
+    """``(da [B, I, N, H], dw [count, N, H])`` float32 of the products ``P`` (distances ``top``
+    down) whose cotangent is ``d_p``: ``da = d_p·w``, ``dw = d_pᵀ·a``."""
+    w = band.rows(params, top, count).astype(F32)
+    da = precision.einsum("bnic,cnh->binh", d_p, w, out_dtype=F32)
     d_w = precision.einsum("bnic,binh->cnh", d_p, a.astype(F32), out_dtype=F32)
-    (dparams,) = w_vjp(d_w.astype(w.dtype))
-    return da, jax.tree.map(lambda x: x.astype(F32), dparams)
+    return da, d_w
 
 
 class State(NamedTuple):
     """A query tile's band across its scan over key tiles. Forward: the previous key tile's
     products and whether they are there (``ready``). Backward also: the cotangent of those products
     not yet finished (``pending``, of distances from ``top``, ``live``), and the float32 sums
-    ``da`` and ``dparams``."""
+    ``da`` and ``d_rows`` (the cotangent of every row the scan reads, distances ``row_top``
+    down)."""
 
     products: jax.Array
     ready: jax.Array
@@ -115,19 +114,36 @@ class State(NamedTuple):
     top: jax.Array | None = None
     live: jax.Array | None = None
     da: jax.Array | None = None
-    dparams: Any = None
+    d_rows: jax.Array | None = None
+    row_top: jax.Array | None = None
 
 
-def initial(a: jax.Array, params: Any, keys: int, backward: bool) -> State:
-    batch, rows, heads, _ = a.shape
+def _rows_read(rows: int, keys: int, window: int) -> int:
+    """How many distances a query tile's scan over ``window`` keys reads, from ``δ_0 + offset``."""
+    return layout(rows, keys)[0] + window + 1
+
+
+def initial(a: jax.Array, keys: int, backward: bool, delta=None, window: int = 0) -> State:
+    """The state before the first key tile; backward: ``delta`` is the first tile's ``δ`` and
+    ``window`` the (padded) number of keys."""
+    batch, rows, heads, head_dim = a.shape
     zeros = jnp.zeros((batch, heads, rows, keys + 1), F32)
     state = State(zeros, jnp.zeros((), bool))
     if not backward:
         return state
     return state._replace(
         pending=zeros, top=jnp.zeros((), jnp.int32), live=jnp.zeros((), bool),
-        da=jnp.zeros(a.shape, F32), dparams=jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
+        da=jnp.zeros(a.shape, F32),
+        d_rows=jnp.zeros((_rows_read(rows, keys, window), heads, head_dim), F32),
+        row_top=delta + layout(rows, keys)[0],
     )  # fmt: skip
+
+
+def parameter_gradients(band: Band, params, state: State) -> Any:
+    """The float32 gradient of the parameters from the rows' cotangent, once per query tile."""
+    count = state.d_rows.shape[0]
+    _, rows_vjp = jax.vjp(lambda prm: band.rows(prm, state.row_top, count), params)
+    return jax.tree.map(lambda x: x.astype(F32), rows_vjp(state.d_rows)[0])
 
 
 def _when(needed, compute: Callable, shape, like: jax.Array) -> jax.Array:
@@ -150,11 +166,15 @@ def tile(band: Band, params, a, delta, allowed: jax.Array, state: State):
     offset, columns, carried = layout(rows, keys)
     upper = _upper(rows, keys)
     here, there = (allowed & upper).any(), (allowed & ~upper).any()
-    p_t = _when(here, lambda: products(band, params, a, delta, keys + 1), state.products.shape, a)
+    # Where no allowed pair reads them, any products do (their pairs are masked): the carried ones.
+    p_t = jax.lax.cond(
+        here, lambda: products(band, params, a, delta, keys + 1), lambda: state.products
+    )
     fresh = lambda: products(band, params, a, delta + offset, columns)  # noqa: E731
     if carried:
-        fresh = functools.partial(jax.lax.cond, state.ready, lambda: state.products, fresh)
-    before = _when(there, fresh, (batch, heads, rows, columns), a)
+        before = jax.lax.cond(state.ready | ~there, lambda: state.products, fresh)
+    else:
+        before = _when(there, fresh, (batch, heads, rows, columns), a)
     return p_t, before, state._replace(products=p_t, ready=here)
 
 
@@ -164,8 +184,12 @@ def skipped(state: State) -> State:
 
 
 def _add(band, params, a, state: State, d_p, top, count: int) -> State:
-    da, dparams = finish(band, params, a, d_p, top, count)
-    return state._replace(da=state.da + da, dparams=jax.tree.map(jnp.add, state.dparams, dparams))
+    da, d_w = finish(band, params, a, d_p, top, count)
+    start = state.row_top - top
+    d_rows = jax.lax.dynamic_update_slice_in_dim(
+        state.d_rows, jax.lax.dynamic_slice_in_dim(state.d_rows, start, count) + d_w, start, 0
+    )
+    return state._replace(da=state.da + da, d_rows=d_rows)
 
 
 def _add_when(needed, band, params, a, state: State, d_p, top, count: int) -> State:

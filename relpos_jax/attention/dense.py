@@ -65,12 +65,12 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
     """The scheme's hooks as the tile callbacks of ``attention.tiled.attend``: ``logit_term`` gives
     a tile's logits beyond ``scale·q·k`` (the content query's shift, the score term, the bias),
     ``value_term`` its value side, ``band`` the score term of a scheme that gives it as a band
-    (``band_query``, ``band_rows``: scored once per distance); None where the scheme adds nothing. ``params`` is (the layer's
-    parameters by name, the layer's context: ``Scheme.layer_context``); of a tile's window starts
-    (``Tile.q_start``, ``k_start``) only their difference matters, and it follows from the
-    positions (``q_start`` is set as if the tile's first query were the segment's first, after
-    ``memory`` slots). Cached per (config, memory): the same callables, so ``attend`` compiles
-    once."""
+    (``band_query``, ``band_rows``: scored once per distance); None where the scheme adds nothing.
+    ``params`` is (the layer's parameters by name, the layer's context: ``Scheme.layer_context``);
+    of a tile's window starts (``Tile.q_start``, ``k_start``) only their difference matters, and
+    it follows from the positions (``q_start`` is set as if the tile's first query were the
+    segment's first, after ``memory`` slots). Cached per (config, memory): the same callables, so
+    ``attend`` compiles once."""
     scheme, base = schemes.get(cfg.position), schemes.Scheme
     overrides = {
         hook: getattr(type(scheme), hook) is not getattr(base, hook)
@@ -141,8 +141,10 @@ class Attention(nnx.Module):
         # the fused key/value projection
         self.w_kv = normal_param(rngs, (d, 2, n, h), std, ("embed", None, "heads", "head_dim"))
         self.w_o = normal_param(rngs, (n, h, d), std, ("heads", "head_dim", "embed"))
-        for name, param in self.scheme.layer_params(cfg, rngs).items():
+        scheme_params = self.scheme.layer_params(cfg, rngs)
+        for name, param in scheme_params.items():
             setattr(self, name, param)
+        self.scheme_params = tuple(scheme_params)  # what the tiles see of the layer's parameters
         self.dropatt = Dropout(cfg.dropatt, rngs=rngs)
 
     def __call__(
@@ -194,7 +196,7 @@ class Attention(nnx.Module):
         rate = 0.0 if deterministic else self.dropatt.rate
         key = self.dropatt.next_key() if rate else None
         params = (
-            {n: p[...] for n, p in vars(self).items() if isinstance(p, nnx.Param)},
+            {n: getattr(self, n)[...] for n in self.scheme_params},
             self._context(ctx, q.dtype),
         )
         logit_term, value_term, band = tiled_hooks(self.config, k.shape[1] - q.shape[1])

@@ -194,7 +194,7 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
         jnp.full((batch, heads, rows), NEG, F32),
         jnp.zeros((batch, heads, rows), F32),
         jnp.zeros((batch, rows, heads, head_dim), F32),
-        None if a is None else band_term.initial(a, params, cfg.tile, backward=False),
+        None if a is None else band_term.initial(a, cfg.tile, backward=False),
     )
     (m, l, acc, _), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
     some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
@@ -273,7 +273,11 @@ def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_r
     init = (
         jnp.zeros(q_I.shape, F32),
         jax.tree.map(lambda x: jnp.zeros(x.shape, F32), params),
-        None if a is None else band_term.initial(a, params, cfg.tile, backward=True),
+        None
+        if a is None
+        else band_term.initial(
+            a, cfg.tile, backward=True, delta=q_pos_I[0] - k_pos[0], window=k.shape[1]
+        ),
     )
     init = vary(cfg, init)
     (dq_I, dparams, band), (dk, dv) = jax.lax.scan(step, init, jnp.arange(cfg.num_tiles))
@@ -281,7 +285,8 @@ def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_r
         band = band_term.flush(cfg.band, params, a, cfg.tile, band)
         dparams_a, dq_a = query_vjp(band.da.astype(a.dtype))
         dq_I = dq_I + dq_a.astype(F32)
-        dparams = jax.tree.map(lambda x, y, z: x + y + z, dparams, band.dparams, to_f32(dparams_a))
+        d_rows = band_term.parameter_gradients(cfg.band, params, band)
+        dparams = jax.tree.map(lambda x, y, z: x + y + z, dparams, d_rows, to_f32(dparams_a))
     return dq_I, _untile(dk, k.shape), _untile(dv, v.shape), dparams
 
 

@@ -65,7 +65,8 @@ class TransformerXL(Scheme):
         """``r_KNH = R·W_R``, the layer's projection of every distance's sinusoid, once per layer
         (a tile reads its band of rows)."""
         r_KD, w_r = context["r_KD"].astype(dtype), attention.w_r[...].astype(dtype)
-        return {**context, "r_KNH": precision.einsum("kd,dnh->knh", r_KD, w_r)}
+        shared = {name: bias for name, bias in context.items() if name != "r_KD"}  # u, v
+        return {**shared, "r_KNH": precision.einsum("kd,dnh->knh", r_KD, w_r)}
 
     def _biases(self, attention, context) -> tuple[jax.Array, jax.Array]:
         if "u" in context:

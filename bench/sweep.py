@@ -1,0 +1,111 @@
+"""What the training sweeps share: each run is one ``train.py`` and one ``eval.py`` command line
+(``--dry-run`` lists them, so that a Slurm array or Ray can run a sweep across machines), a finished
+run is reused (a killed sweep goes on where it stopped), and the results go to a JSON (settings,
+commit, every seed's number) that the tables and plots are rendered from.
+
+Spreads are the sample standard deviation over seeds; ``apart`` says whether two means differ by
+more than twice the larger spread, the bar for writing "better than" in a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from bench.measure import ROOT
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of a sweep and its evaluation, ``eval.json`` in ``workdir`` when done."""
+
+    name: str
+    workdir: pathlib.Path
+    config: str
+    settings: tuple[str, ...]  # config overrides, section.field=value
+    eval_flags: tuple[str, ...] = ("--splits", "test")
+
+    def commands(self) -> list[list[str]]:
+        flags = [
+            "--config", self.config, "--workdir", str(self.workdir),
+            *(f"--config.{s}" for s in self.settings),
+        ]  # fmt: skip
+        return [["python", "train.py", *flags], ["python", "eval.py", *flags, *self.eval_flags]]
+
+    def result(self, steps: int) -> dict | None:
+        """The run's ``eval.json`` if it finished ``steps`` steps, else None."""
+        done = self.workdir / "eval.json"
+        if done.exists():
+            result = json.loads(done.read_text())
+            if result.get("step") == steps:
+                return result
+        return None
+
+
+def dry_run(runs: Sequence[Run]) -> str:
+    """Every command line of the sweep, one a line, from the repository root."""
+    return "\n".join(shlex.join(c) for run in runs for c in run.commands())
+
+
+def execute(runs: Sequence[Run], steps: int) -> dict[str, dict]:
+    """Each run's ``eval.json`` by name: finished runs read back, the others run in turn here."""
+    results = {}
+    for index, run in enumerate(runs, 1):
+        result = run.result(steps)
+        state = "done" if result is not None else "running"
+        print(f"[{index}/{len(runs)}] {run.name}: {state}", file=sys.stderr, flush=True)
+        if result is None:
+            start = time.perf_counter()
+            for command in run.commands():
+                subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=True)
+            result = run.result(steps)
+            if result is None:
+                raise RuntimeError(f"{run.name}: eval.json of step {steps} missing after the run")
+            print(f"  {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        results[run.name] = result
+    return results
+
+
+def settings(command: Sequence[str], **more) -> dict:
+    """The sweep's settings as the JSON keeps them: its command, commit, machine and date."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    return {
+        "command": shlex.join(["python", "-m", *command]),
+        "commit": commit,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": datetime.date.today().isoformat(),
+        **more,
+    }
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def apart(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether the means differ by more than twice the larger spread (never with one seed)."""
+    (mean_a, sd_a), (mean_b, sd_b) = mean_sd(a), mean_sd(b)
+    if min(len(a), len(b)) < 2:
+        return False
+    return abs(mean_a - mean_b) > 2 * max(sd_a, sd_b)
+
+
+def write(path: pathlib.Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")

@@ -1,0 +1,62 @@
+"""The sweeps' shared pieces (``bench.sweep``) and the ablation's table, rendered from a small JSON
+without training anything; its runs listed as command lines (``--dry-run``)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from bench import ablation, sweep
+from tests.bench_smoke_test import ROOT
+
+
+def test_mean_and_spread():
+    assert sweep.mean_sd([2.0]) == (2.0, 0.0)
+    mean, sd = sweep.mean_sd([1.0, 2.0, 3.0])
+    assert mean == pytest.approx(2.0) and sd == pytest.approx(1.0)
+    assert sweep.apart([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])  # 1.0 apart, spreads 0.1
+    assert not sweep.apart([1.0, 1.5, 2.0], [1.6, 2.1, 2.6])  # 0.6 apart, spreads 0.5
+    assert not sweep.apart([1.0], [3.0])  # one seed: no claim
+
+
+def _results() -> dict:
+    bpc = {
+        ("txl", 64): [2.00, 2.01, 2.02], ("txl", 0): [2.10, 2.11, 2.12],
+        ("shaw", 64): [2.30, 2.50, 2.40], ("shaw", 0): [2.36, 2.46, 2.41],
+    }  # fmt: skip
+    settings = sweep.settings(["bench.ablation", "--seeds", "0,1,2"], steps=10, mem_len=64,
+                              seeds=[0, 1, 2], schemes=["txl", "shaw"], sets=[])  # fmt: skip
+    runs = [
+        {"scheme": s, "memory": m, "seed": seed, "workdir": "runs/x", "test_bpc": v}
+        for (s, m), values in bpc.items() for seed, v in enumerate(values)
+    ]  # fmt: skip
+    return {"settings": settings, "runs": runs}
+
+
+def test_the_ablation_table_is_rendered_from_its_json_with_spreads():
+    table = ablation.render(_results())
+    assert "`python -m bench.ablation --seeds 0,1,2`" in table
+    rows = [line for line in table.splitlines() if line.startswith(("| txl", "| shaw"))]
+    assert rows[0] == "| txl | 64 | 2.0100 ± 0.0100 | 3 | 27.02 |"  # the lowest first
+    assert rows[-1] == "| shaw | 0 | 2.4100 ± 0.0500 | 3 | 29.75 |"
+    assert "- txl: memory lowers test bpc by 0.1000" in table  # 0.1 apart, spreads 0.01
+    assert "- shaw: memory" not in table  # 0.01 apart, spreads 0.05 and 0.1
+    assert "- txl (memory 0) lower than shaw (memory 64), next" in table  # 2.11 vs 2.40
+    assert "- shaw (memory 64) lower" not in table
+
+
+def test_the_ablation_lists_its_runs_as_command_lines():
+    flags = ["--dry-run", "--schemes", "txl,rope", "--seeds", "0,1", "--steps", "5"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.ablation", *flags, "--runs", "runs/sweep"],
+        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
+    )  # fmt: skip
+    lines = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 2 * 2 * 2 * 2  # schemes × memory × seeds × (train, eval)
+    assert [line[1] for line in lines[:2]] == ["train.py", "eval.py"]
+    assert "--config.train.seed=1" in lines[2] and "--config.model.mem_len=128" in lines[2]
+    assert lines[-1][lines[-1].index("--config") + 1] == "configs/rope_small.py"
+    assert lines[-1][-2:] == ["--splits", "test"]
