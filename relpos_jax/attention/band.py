@@ -160,13 +160,13 @@ def _when(needed, compute: Callable, shape, like: jax.Array) -> jax.Array:
 
 def tile(band: Band, params, a, delta, allowed: jax.Array, state: State):
     """A visited tile's products ``P_t`` and the previous products it reads (carried when ready,
-    else computed), each only where an allowed pair reads it (zeros otherwise: the diagonal
-    tile's ``P_t`` under the causal rule), and the state for the next tile."""
+    else computed), each computed only where an allowed pair reads it (the diagonal tile's ``P_t``
+    is not, under the causal rule: the carried products, or zeros, stand in for its masked pairs),
+    and the state for the next tile."""
     (batch, heads), (rows, keys) = (a.shape[0], a.shape[2]), allowed.shape
     offset, columns, carried = layout(rows, keys)
     upper = _upper(rows, keys)
     here, there = (allowed & upper).any(), (allowed & ~upper).any()
-    # Where no allowed pair reads them, any products do (their pairs are masked): the carried ones.
     p_t = jax.lax.cond(
         here, lambda: products(band, params, a, delta, keys + 1), lambda: state.products
     )
