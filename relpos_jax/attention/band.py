@@ -20,6 +20,8 @@ scan over contiguous key tiles the bands overlap, and each distance is scored on
 
 Backward, a block's cotangent is summed over the two tiles that read it, then its two products are
 taken once (``da = dP·w``, ``dw = dPᵀ·a``): one product a visited tile forward, three backward.
+``dw`` is summed per distance over the query tile's scan and reaches the parameters through one
+vjp of ``rows`` (``parameter_gradients``).
 Carrying needs ``I ≤ J + 1`` (a pair's distance then lies in this tile's or the previous tile's
 block); with larger query tiles the block a tile reads for ``j ≤ i`` is computed per tile
 (``layout``).
