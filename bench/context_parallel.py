@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from bench.measure import ROOT, commit
+
 RESULTS = ROOT / "docs" / "results"
 
 
@@ -160,12 +161,9 @@ def main() -> None:
             if args.run and best:
                 row["step_s"] = _spawn(scheme, devices, best, run=True)["step_s"]
             rows.append(row)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     result = {
         "command": "python -m bench.context_parallel " + " ".join(sys.argv[1:]),
-        "commit": commit,
+        "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPU cores, simulated devices in one process",
         "budget_mib": args.budget_mib,

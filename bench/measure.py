@@ -1,4 +1,5 @@
-"""What the benchmarks share: the repository, model sizes, a median timer, our model, subprocesses.
+"""What the benchmarks share: the repository and its commit, the CPU, model sizes, a median timer,
+our model, subprocesses.
 
 Every speed measurement runs in a fresh subprocess (``isolated``), so that its peak resident memory
 is its own and no compilation cache or thread pool carries over from the one before; the subprocess
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import platform
 import resource
 import statistics
 import subprocess
@@ -25,6 +27,24 @@ SIZES = {
     "tiny": dict(layers=1, d_model=32, heads=2, d_ff=64, seg=16, mem=16, batch=2),  # smoke tests
 }
 VOCAB = 256
+
+
+def commit() -> str:
+    """The repository's short commit, which each result records."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the machine's architecture."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def median_seconds(call, repeats: int, warmup: int) -> float:

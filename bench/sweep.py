@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 import pathlib
-import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
+from bench import measure
 from bench.measure import ROOT
 
 
@@ -78,13 +78,10 @@ def execute(runs: Sequence[Run], steps: int) -> dict[str, dict]:
 
 def settings(command: Sequence[str], **more) -> dict:
     """The sweep's settings as the JSON keeps them: its command, commit, machine and date."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     return {
         "command": shlex.join(["python", "-m", *command]),
-        "commit": commit,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "commit": measure.commit(),
+        "machine": f"{measure.cpu_model()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
         **more,
     }
@@ -92,10 +89,8 @@ def settings(command: Sequence[str], **more) -> dict:
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.mean(values), spread
 
 
 def apart(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -25,12 +25,19 @@ import datetime
 import json
 import os
 import pathlib
-import platform
-import subprocess
+import statistics
 import time
 
 from bench import args as bench_args
-from bench.measure import ROOT, SIZES, isolated, median_seconds, our_model, parse_or_serve
+from bench.measure import (
+    SIZES,
+    commit,
+    cpu_model,
+    isolated,
+    median_seconds,
+    our_model,
+    parse_or_serve,
+)
 
 
 def _program(spec: dict, impl: str):
@@ -92,11 +99,11 @@ def _side_by_side(spec: dict) -> dict:
             start = time.perf_counter()
             call()
             times[impl].append(time.perf_counter() - start)
-    ratios = sorted(t / d for t, d in zip(times["tiled"], times["dense"], strict=True))
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    ratios = [t / d for t, d in zip(times["tiled"], times["dense"], strict=True)]
+    median = statistics.median
     return {
         "dense_s": median(times["dense"]), "tiled_s": median(times["tiled"]),
-        "ratio": median(ratios), "ratio_range": [ratios[0], ratios[-1]], "rounds": ROUNDS,
+        "ratio": median(ratios), "ratio_range": [min(ratios), max(ratios)], "rounds": ROUNDS,
     }  # fmt: skip
 
 
@@ -203,8 +210,8 @@ def _commits(results: dict) -> str:
     """``commit X``, or, for a run resumed across commits, each commit and its cells' count."""
     counts: dict[str, int] = {}
     for cell in results["cells"]:
-        commit = cell.get("commit", results["settings"]["commit"])
-        counts[commit] = counts.get(commit, 0) + 1
+        at = cell.get("commit", results["settings"]["commit"])
+        counts[at] = counts.get(at, 0) + 1
     if len(counts) == 1:
         return f"commit {next(iter(counts))}"
     return "commits " + ", ".join(f"{c} ({n} cells)" for c, n in counts.items())
@@ -230,16 +237,6 @@ def _seconds(cell: dict) -> str:
 
 def _flag_value(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:
@@ -271,9 +268,7 @@ def main() -> None:
     # Resumable: a cell already in the JSON with the same spec is kept, so a stopped run goes on
     # where it stopped (--fresh: measure everything again). The JSON is written after every cell.
     done = [] if args.fresh else _cells(out / "tiled_attention.json")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    head = commit()
     windows_of = {"eval": args.eval_windows, "train": args.train_windows}
     tasks = {task: windows_of[task] for task in args.tasks}
     cells = []
@@ -289,11 +284,11 @@ def main() -> None:
                 cell = next((c for c in done if _spec_of(c) == spec), None)
                 if cell is None:
                     measured = isolated("bench.tiled_attention", spec)
-                    cell = {**spec, **measured, "commit": commit}
+                    cell = {**spec, **measured, "commit": head}
                     print(json.dumps(cell), flush=True)
                 cells.append(cell)
-                _write(out, args, tasks, commit, cells + _others(done, cells))
-    print(render(_write(out, args, tasks, commit, cells + _others(done, cells))))
+                _write(out, args, tasks, head, cells + _others(done, cells))
+    print(render(_write(out, args, tasks, head, cells + _others(done, cells))))
 
 
 def _cells(path: pathlib.Path) -> list[dict]:
@@ -320,7 +315,7 @@ def _others(done: list[dict], cells: list[dict]) -> list[dict]:
     ]  # fmt: skip
 
 
-def _write(out: pathlib.Path, args, tasks: dict, commit: str, cells: list[dict]) -> dict:
+def _write(out: pathlib.Path, args, tasks: dict, head: str, cells: list[dict]) -> dict:
     """Writes the JSON and the table rendered from it; the results."""
     settings = {
         "command": "python -m bench.tiled_attention "
@@ -329,8 +324,8 @@ def _write(out: pathlib.Path, args, tasks: dict, commit: str, cells: list[dict])
             for k, v in vars(args).items()
             if k not in ("worker", "out", "fresh")
         ),
-        "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
-        "commit": commit,
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "commit": head,
         "date": datetime.date.today().isoformat(),
         "tasks": list(tasks),
         "tile": args.tile,

@@ -67,6 +67,13 @@ def _upper(rows: int, keys: int) -> np.ndarray:
     return np.arange(keys)[None, :] > np.arange(rows)[:, None]
 
 
+def _read(allowed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Whether an allowed pair reads the tile's own products (``j > i``) and whether one reads
+    the previous ones (``j ≤ i``)."""
+    upper = _upper(*allowed.shape)
+    return (allowed & upper).any(), (allowed & ~upper).any()
+
+
 def products(band: Band, params: Any, a: jax.Array, top, count: int) -> jax.Array:
     """``P[b, n, i, c] = a_i · w_{top − c}`` for ``c < count``: ``[B, N, I, count]`` float32."""
     w = band.rows(params, top, count).astype(a.dtype)
@@ -167,8 +174,7 @@ def tile(band: Band, params, a, delta, allowed: jax.Array, state: State):
     and the state for the next tile."""
     (batch, heads), (rows, keys) = (a.shape[0], a.shape[2]), allowed.shape
     offset, columns, carried = layout(rows, keys)
-    upper = _upper(rows, keys)
-    here, there = (allowed & upper).any(), (allowed & ~upper).any()
+    here, there = _read(allowed)
     p_t = jax.lax.cond(
         here, lambda: products(band, params, a, delta, keys + 1), lambda: state.products
     )
@@ -205,8 +211,7 @@ def backward(band: Band, params, a, delta, allowed, state: State, d_p, d_before)
     the next tile (carried), or are finished now."""
     rows, keys = allowed.shape
     offset, columns, carried = layout(rows, keys)
-    upper = _upper(rows, keys)
-    here, there = (allowed & upper).any(), (allowed & ~upper).any()
+    here, there = _read(allowed)
     if not carried:
         state = _add_when(here, band, params, a, state, d_p, delta, keys + 1)
         return _add_when(there, band, params, a, state, d_before, delta + offset, columns)
