@@ -218,3 +218,32 @@ def test_tfds_text_dataset_through_the_same_pipeline(tmp_path):
         assert len(stream) > 10
         batch = data.train_dataset(stream, 2, 4)[0]
         assert batch["inputs"].shape == (2, 4)
+
+
+def test_concurrent_runs_build_a_corpus_once(text_corpus, tmp_path):
+    """Two processes (a sweep's runs) opening one unbuilt corpus: both read it, neither fails on the
+    other's half-built files."""
+    import subprocess
+    import sys
+
+    root, payload = text_corpus
+    read = (  # each build takes a second, so that the two overlap
+        "import time; from relpos_jax import data; from relpos_jax.data import builders; "
+        "split = builders.ByteCorpus._split_generators; "
+        "builders.ByteCorpus._split_generators = lambda *a: (time.sleep(1), split(*a))[1]; "
+        f"s = data.open_split('text', 'train', path={str(root)!r}, data_dir={str(tmp_path)!r}); "
+        "print(len(s))"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", read], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err.decode()[-2000:]
+    logs = [out.decode() for out, _ in outputs]
+    lengths = {int(log.split()[-1]) for log in logs}
+    assert len(lengths) == 1 and 0 < lengths.pop() < len(payload)
+    assert sum(log.count("building dataset") for log in logs) == 1

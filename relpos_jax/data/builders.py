@@ -10,7 +10,9 @@ for pystdlib, path/size/mtime for user files and a vocabulary file).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
@@ -210,10 +212,33 @@ def build(
         tokens=kind,
         version="1.0.0",
     )
-    builder = (ByteCorpus if kind == "bytes" else WordCorpus)(
-        config=config, data_dir=str(data_dir or DEFAULT_DIR), file_format="array_record"
-    )
-    if not builder.is_prepared():
-        print(f"building dataset {name} into {builder.data_dir} (once)", flush=True)
-        builder.download_and_prepare()
-    return builder
+    root = pathlib.Path(data_dir or DEFAULT_DIR)
+
+    def builder():
+        cls = ByteCorpus if kind == "bytes" else WordCorpus
+        return cls(config=config, data_dir=str(root), file_format="array_record")
+
+    prepared = builder()
+    if prepared.is_prepared():
+        return prepared
+    with _preparing(root / f"{config.name}.lock"):  # concurrent runs of a sweep build it once
+        prepared = builder()  # another process may have built it while this one waited
+        if not prepared.is_prepared():
+            print(f"building dataset {name} into {prepared.data_dir} (once)", flush=True)
+            prepared.download_and_prepare()
+    return prepared
+
+
+@contextlib.contextmanager
+def _preparing(lock_path: pathlib.Path):
+    """Hold an exclusive lock on ``lock_path`` (local or NFS data dirs) while a corpus is built."""
+    if "://" in str(lock_path):  # a bucket (gs://…): no file locks there
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
