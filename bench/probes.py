@@ -1,76 +1,172 @@
-"""Memory probes: does memory let a model answer beyond its segment? Accuracy against distance.
+"""Memory probes over seeds: can a scheme answer beyond its segment with memory, and can it answer
+at all (the key inside the segment)? Accuracy against distance.
 
-    .venv/bin/python -m bench.probes [--config configs/probe_needle.py] [--steps N] [--distances ...]
-    .venv/bin/python -m bench.probes --schemes txl,shaw,t5,deberta,alibi,rope   # every scheme
+    .venv/bin/python -m bench.probes [--config configs/probe_needle.py] [--schemes txl,alibi,...]
+        [--conditions memory,in_segment,no_memory] [--seeds 0,1,2] [--steps N]
+        [--distances 8,16,...] [--set model.n_layers=1 ...] [--dry-run]
 
-Trains the probe config twice with ``train.py`` (its memory, and ``mem_len`` 0; runs are reused when
-finished), then scores both on fresh test documents at several distances with
-``relpos_jax.analysis.probing.accuracy_by_distance`` (teacher-forced; segment and memory as in training).
-Prints a markdown table; writes ``docs/results/<config>.png`` and ``<config>.json``. With
-``--schemes``, each scheme is trained with the config's memory, beside the config's own scheme
-without memory, into ``<config>_schemes.png`` and ``.json``.
+Each (scheme, condition, seed) is one ``train.py`` + ``eval.py`` run of the probe config (a
+``bench.sweep`` run: reused when finished, listed by ``--dry-run``), then scored on fresh test
+documents at each distance (``relpos_jax.analysis.probing.accuracy_by_distance``: teacher-forced,
+segment and memory as in training; cached in the run's ``probe_accuracy.json``). The conditions:
+
+- ``memory``: the config's segment and memory (needle: 16 + 48, so most keys lie in memory);
+- ``in_segment``: one segment as long as that window (64) and no memory, the batch shrunk so that a
+  step holds the same tokens: the key is inside the segment. A scheme that fails here cannot do the
+  lookup in this budget at all, so its failure with memory says nothing about memory;
+- ``no_memory``: the config's segment without memory (chance beyond the segment).
+
+Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (mean ±
+sd over seeds at each distance, and what differs from chance beyond twice the spread) and
+``<config>.png`` from it.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
 import sys
 
 from bench import args as options
+from bench import sweep
 from bench.measure import ROOT
 from relpos_jax.config import Config, load_config
 
-
-def overrides(steps: int, mem_len: int, position: str, sets=()) -> list[str]:
-    """The config overrides of one run, for ``train.py`` and for scoring alike."""
-    return [
-        f"train.steps={steps}", f"model.mem_len={mem_len}", f"model.position={position}", *sets
-    ]  # fmt: skip
+CONDITIONS = ("memory", "in_segment", "no_memory")
 
 
-def train(config: str, workdir: pathlib.Path, steps: int, settings: list[str]) -> None:
-    from relpos_jax.checkpoint import latest_step
+def condition_settings(condition: str, cfg: Config) -> tuple[str, ...]:
+    """The config overrides that make ``condition`` of the probe config ``cfg``."""
+    segment, memory, batch = cfg.data.segment_len, cfg.model.mem_len, cfg.data.batch_size
+    if condition == "memory":
+        return ()
+    if condition == "no_memory":
+        return ("model.mem_len=0",)
+    window = segment + memory
+    if batch * segment % window:
+        raise SystemExit(
+            f"bench.probes: in_segment needs batch·segment ({batch}·{segment}) divisible by the "
+            f"window {window}; pass --set data.batch_size=... accordingly"
+        )
+    return (
+        f"data.segment_len={window}",
+        "model.mem_len=0",
+        f"data.batch_size={batch * segment // window}",
+    )
 
-    if latest_step(workdir / "checkpoints") == steps:
-        return
-    flags = [f"--config.{setting}" for setting in settings]
-    command = [sys.executable, "train.py", "--config", config, "--workdir", str(workdir), *flags]
-    subprocess.run(command, cwd=ROOT, check=True)
+
+def runs_of(args, cfg: Config) -> dict[tuple[str, str, int], sweep.Run]:
+    """The sweep's runs by (scheme, condition, seed)."""
+    stem, runs = pathlib.Path(args.config).stem, {}
+    for scheme in args.schemes:
+        for condition in args.conditions:
+            for seed in args.seeds:
+                name = f"{stem}_{scheme}_{condition}_seed{seed}"
+                settings = (
+                    f"train.steps={args.steps}", f"train.seed={seed}", f"model.position={scheme}",
+                    *condition_settings(condition, cfg), *args.set,
+                )  # fmt: skip
+                runs[scheme, condition, seed] = sweep.Run(
+                    name, pathlib.Path(args.runs) / name, args.config, settings
+                )
+    return runs
 
 
-def score(config: str, workdir: pathlib.Path, settings: list[str], distances):
+def score(run: sweep.Run, distances) -> list[dict]:
+    """The run's accuracy at each distance (cached in the run's ``probe_accuracy.json``)."""
     from relpos_jax.analysis.probing import accuracy_by_distance
     from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
 
-    cfg = load_config(ROOT / config, settings)
+    cache = run.workdir / "probe_accuracy.json"
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if [c["distance"] for c in cached] == list(distances):
+            return cached
+    cfg = load_config(ROOT / run.config, list(run.settings))
     kind, *_ = probes.parse(cfg.data.name)
-    model, c, _ = restore_model(cfg, workdir)
-    return accuracy_by_distance(
+    model, c, _ = restore_model(cfg, run.workdir)
+    curve = accuracy_by_distance(
         model, kind, distances, segment_len=c.data.segment_len, mem_len=c.model.mem_len,
         documents=256,
     )  # fmt: skip
+    cache.write_text(json.dumps(curve, indent=1) + "\n")
+    return curve
 
 
-def plot(curves: dict[str, list[dict]], path: pathlib.Path, segment_len: int, window: int) -> None:
+def _curves(results: dict) -> dict[tuple[str, str], dict[int, list[float]]]:
+    """Accuracy of each (scheme, condition) by distance, over its seeds."""
+    curves: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for run in results["runs"]:
+        by_distance = curves.setdefault((run["scheme"], run["condition"]), {})
+        for point in run["curve"]:
+            by_distance.setdefault(point["distance"], []).append(point["byte_accuracy"])
+    return curves
+
+
+def label(scheme: str, condition: str) -> str:
+    return f"{scheme}, {condition.replace('_', ' ')}"
+
+
+def render(results: dict) -> str:
+    s, curves = results["settings"], _curves(results)
+    chance = results["chance"]
+    distances = sorted({d for curve in curves.values() for d in curve})
+    lines = [
+        f"# The {s['kind']} probe: accuracy against distance, over seeds",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"Commit {s['commit']}, {s['machine']}, {s['date']}. Config `{s['config']}`: segment "
+        f"{s['segment_len']}, memory {s['mem_len']}, {s['steps']} steps, seeds "
+        f"{', '.join(map(str, s['seeds']))}. Conditions: memory (the config's segment and memory), "
+        f"in segment ({s['segment_len'] + s['mem_len']}-byte segments, no memory, the same tokens a "
+        f"step: the key is inside the segment), no memory (the config's segment alone). "
+        f"Answer-byte accuracy on 256 fresh test documents a distance, teacher-forced, mean ± sd "
+        f"over the seeds; chance is {chance}.",
+        "",
+        "| distance | " + " | ".join(label(*key) for key in curves) + " |",
+        "|---:|" + "---:|" * len(curves),
+    ]
+    for d in distances:
+        cells = []
+        for curve in curves.values():
+            mean, sd = sweep.mean_sd(curve[d]) if d in curve else (float("nan"), 0.0)
+            cells.append(f"{mean:.3f} ± {sd:.3f}")
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    lines += ["", "Above chance by more than twice the spread (and more than 0.05):", ""]
+    found = []
+    for key, curve in curves.items():
+        above = [d for d in distances if d in curve and _above(curve[d], chance)]
+        if above:
+            found.append(f"- {label(*key)}: at {', '.join(map(str, above))}")
+    return "\n".join(lines + (found or ["- none"]) + [""])
+
+
+def _above(values: list[float], chance: float) -> bool:
+    mean, sd = sweep.mean_sd(values)
+    return len(values) > 1 and mean - chance > max(2 * sd, 0.05)
+
+
+def plot(results: dict, path: pathlib.Path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6, 3.6))
+    s, curves = results["settings"], _curves(results)
+    fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot()
-    for label, curve in curves.items():
-        ax.plot(
-            [c["distance"] for c in curve], [c["byte_accuracy"] for c in curve], "o-", label=label
-        )
-    first = next(iter(curves.values()))[0]
-    ax.axhline(first["chance"], color="grey", ls=":", label="chance")
-    ax.axvline(segment_len, color="k", lw=0.8, ls="--", label=f"segment ({segment_len})")
-    ax.axvline(window, color="k", lw=0.8, ls="-.", label=f"segment + memory ({window})")
+    for key, curve in curves.items():
+        distances = sorted(curve)
+        stats = [sweep.mean_sd(curve[d]) for d in distances]
+        ax.errorbar(distances, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o",
+                    capsize=2, label=label(*key))  # fmt: skip
+    ax.axhline(results["chance"], color="grey", ls=":", label="chance")
+    ax.axvline(s["segment_len"], color="k", lw=0.8, ls="--", label="segment")
+    ax.axvline(
+        s["segment_len"] + s["mem_len"], color="k", lw=0.8, ls="-.", label="segment + memory"
+    )
     ax.set(xlabel="distance to the key (bytes)", ylabel="answer-byte accuracy", ylim=(0, 1.02))
-    ax.set_title(f"{first['kind']} probe")
+    ax.set_title(f"{s['kind']} probe, mean ± sd over seeds")
     ax.legend(fontsize=7)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -78,52 +174,46 @@ def main() -> None:
     parser.add_argument("--config", default="configs/probe_needle.py")
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--distances", type=options.ints, default="8,12,16,24,32,40,48,56,64,80,96")
-    options.add_schemes(
-        parser,
-        None,
-        help="train each of these schemes with the config's memory (and the config's own scheme "
-        "without memory, as the reference); writes <config>_schemes.png and .json",
-    )
+    options.add_schemes(parser, ("txl", "shaw", "t5", "deberta", "alibi", "rope"))
+    parser.add_argument(
+        "--conditions", type=options.listed(choices=CONDITIONS), default="memory,in_segment",
+        help=f"from {','.join(CONDITIONS)} (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
+    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
     options.add_out(parser)
-    options.add_runs(parser, "runs")
+    options.add_runs(parser, "runs/probes")
     options.add_overrides(parser, help="e.g. model.n_layers=1")
     args = parser.parse_args()
 
     cfg = Config.from_any(load_config(ROOT / args.config, args.set))
-    steps = args.steps or cfg.train.steps
-    distances = list(args.distances)
-    stem = pathlib.Path(args.config).stem
-    own, memory = cfg.model.position, cfg.model.mem_len
-    runs = [(f"memory {memory}", own, memory), ("memory 0", own, 0)]
-    if args.schemes:
-        runs = [(f"{p}, memory {memory}", p, memory) for p in args.schemes]
-        runs.append((f"{own}, memory 0", own, 0))
-    curves = {}
-    for label, position, mem_len in runs:
-        scheme = "" if position == own else f"_{position}"  # the config's own runs keep their name
-        workdir = pathlib.Path(args.runs) / f"{stem}{scheme}_mem{mem_len}"
-        settings = overrides(steps, mem_len, position, args.set)
-        train(args.config, workdir, steps, settings)
-        curves[label] = score(args.config, workdir, settings, distances)
-    out = pathlib.Path(args.out)
-    stem = f"{stem}_schemes" if args.schemes else stem
-    plot(
-        curves, out / f"{stem}.png", cfg.data.segment_len, cfg.data.segment_len + cfg.model.mem_len
-    )
-    rows = [
-        f"| {d} | "
-        + " | ".join(
-            f"{c[i]['byte_accuracy']:.3f} / {c[i]['document_accuracy']:.3f}"
-            for c in curves.values()
-        )
-        + " |"
-        for i, d in enumerate(distances)
-    ]
-    table = "\n".join(
-        [f"| distance | {' | '.join(curves)} |", "|---:|" + "---:|" * len(curves), *rows]
-    )
-    print(table)
-    (out / f"{stem}.json").write_text(json.dumps(curves, indent=1) + "\n")
+    args.steps = args.steps or cfg.train.steps
+    runs = runs_of(args, cfg)
+    if args.dry_run:
+        print(sweep.dry_run(list(runs.values())))
+        return
+    sweep.execute(list(runs.values()), args.steps)
+    from relpos_jax.data import probes
+
+    kind, *_ = probes.parse(cfg.data.name)
+    results = {
+        "settings": sweep.settings(
+            ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
+            segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len, seeds=list(args.seeds),
+            schemes=list(args.schemes), conditions=list(args.conditions), sets=list(args.set),
+        ),
+        "chance": probes.CHANCE[kind],
+        "runs": [
+            {"scheme": scheme, "condition": condition, "seed": seed, "workdir": str(run.workdir),
+             "curve": score(run, args.distances)}
+            for (scheme, condition, seed), run in runs.items()
+        ],
+    }  # fmt: skip
+    out, stem = pathlib.Path(args.out), pathlib.Path(args.config).stem
+    sweep.write(out / f"{stem}.json", results)
+    (out / f"{stem}.md").write_text(render(results))
+    plot(results, out / f"{stem}.png")
+    print(render(results))
 
 
 if __name__ == "__main__":

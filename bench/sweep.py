@@ -1,7 +1,7 @@
 """What the training sweeps share: each run is one ``train.py`` and one ``eval.py`` command line
-(``--dry-run`` lists them, so that a Slurm array or Ray can run a sweep across machines), a finished
-run is reused (a killed sweep goes on where it stopped), and the results go to a JSON (settings,
-commit, every seed's number) that the tables and plots are rendered from.
+(``--dry-run`` lists them, a run a line, so that a Slurm array or Ray can run a sweep across
+machines), a finished run is reused (a killed sweep goes on where it stopped), and the results go
+to a JSON (settings, commit, every seed's number) that the tables and plots are rendered from.
 
 Spreads are the sample standard deviation over seeds; ``apart`` says whether two means differ by
 more than twice the larger spread, the bar for writing "better than" in a table.
@@ -36,8 +36,10 @@ class Run:
     eval_flags: tuple[str, ...] = ("--splits", "test")
 
     def commands(self) -> list[list[str]]:
+        inside = self.workdir.is_absolute() and self.workdir.is_relative_to(ROOT)
+        workdir = self.workdir.relative_to(ROOT) if inside else self.workdir  # run from ROOT
         flags = [
-            "--config", self.config, "--workdir", str(self.workdir),
+            "--config", self.config, "--workdir", str(workdir),
             *(f"--config.{s}" for s in self.settings),
         ]  # fmt: skip
         return [["python", "train.py", *flags], ["python", "eval.py", *flags, *self.eval_flags]]
@@ -53,8 +55,9 @@ class Run:
 
 
 def dry_run(runs: Sequence[Run]) -> str:
-    """Every command line of the sweep, one a line, from the repository root."""
-    return "\n".join(shlex.join(c) for run in runs for c in run.commands())
+    """The sweep's runs, one shell line each (its commands joined by ``&&``), from the repository
+    root: ``| xargs -P 2 -I{} sh -c {}`` or a Slurm array runs them side by side."""
+    return "\n".join(" && ".join(shlex.join(c) for c in run.commands()) for run in runs)
 
 
 def execute(runs: Sequence[Run], steps: int) -> dict[str, dict]:

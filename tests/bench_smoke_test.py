@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import ablation
+from bench import ablation, probes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -104,17 +104,22 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
         "data.batch_size=4", f"data.dir={config.data.dir}",
     ]  # fmt: skip
     command = bench(
-        "probes", "--steps", "2", "--schemes", "rope", "--distances", "8,32",
+        "probes", "--steps", "2", "--schemes", "rope", "--seeds", "0", "--distances", "8,32",
+        "--conditions", "memory,in_segment",
         "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
         *(f"--set={s}" for s in sets),
     )  # fmt: skip
     (tmp_path / "out").mkdir()
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    curves = json.loads((tmp_path / "out" / "probe_needle_schemes.json").read_text())
-    assert list(curves) == ["rope, memory 48", "txl, memory 0"]
-    assert all([c["distance"] for c in curve] == [8, 32] for curve in curves.values())
-    assert (tmp_path / "out" / "probe_needle_schemes.png").stat().st_size > 0
+    results = json.loads((tmp_path / "out" / "probe_needle.json").read_text())
+    assert [(r["scheme"], r["condition"]) for r in results["runs"]] == [
+        ("rope", "memory"),
+        ("rope", "in_segment"),
+    ]
+    assert all([c["distance"] for c in r["curve"]] == [8, 32] for r in results["runs"])
+    assert (tmp_path / "out" / "probe_needle.png").stat().st_size > 0
+    assert (tmp_path / "out" / "probe_needle.md").read_text() == probes.render(results)
 
 
 def test_the_committed_tiled_attention_table_is_rendered_from_its_json():

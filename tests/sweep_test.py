@@ -54,9 +54,38 @@ def test_the_ablation_lists_its_runs_as_command_lines():
         [sys.executable, "-m", "bench.ablation", *flags, "--runs", "runs/sweep"],
         capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
     )  # fmt: skip
-    lines = [shlex.split(line) for line in result.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 2 * 2  # schemes × memory × seeds × (train, eval)
+    runs = [line.split(" && ") for line in result.stdout.splitlines()]
+    assert len(runs) == 2 * 2 * 2  # schemes × memory × seeds, each train.py && eval.py
+    lines = [shlex.split(command) for run in runs for command in run]
     assert [line[1] for line in lines[:2]] == ["train.py", "eval.py"]
     assert "--config.train.seed=1" in lines[2] and "--config.model.mem_len=128" in lines[2]
     assert lines[-1][lines[-1].index("--config") + 1] == "configs/rope_small.py"
     assert lines[-1][-2:] == ["--splits", "test"]
+
+
+def test_the_probe_table_is_rendered_from_its_json_with_spreads():
+    from bench import probes
+
+    accuracy = {  # (scheme, condition) -> per seed, accuracy at distances 8 and 32
+        ("txl", "memory"): [(1.0, 0.9), (1.0, 0.7)],
+        ("alibi", "memory"): [(0.1, 0.1), (0.12, 0.08)],
+        ("alibi", "in_segment"): [(0.6, 0.1), (0.2, 0.1)],  # 0.4 ± 0.28: not beyond 2 sd
+    }
+    settings = sweep.settings(
+        ["bench.probes", "--seeds", "0,1"], config="configs/probe_needle.py", kind="needle",
+        steps=10, segment_len=16, mem_len=48, seeds=[0, 1], schemes=["txl", "alibi"],
+        conditions=["memory", "in_segment"], sets=[],
+    )  # fmt: skip
+    runs = [
+        {"scheme": scheme, "condition": condition, "seed": seed, "workdir": "runs/x",
+         "curve": [{"distance": d, "byte_accuracy": a} for d, a in zip((8, 32), seeds, strict=True)]}
+        for (scheme, condition), per_seed in accuracy.items()
+        for seed, seeds in enumerate(per_seed)
+    ]  # fmt: skip
+    table = probes.render({"settings": settings, "chance": 0.1, "runs": runs})
+    assert "`python -m bench.probes --seeds 0,1`" in table
+    assert "| distance | txl, memory | alibi, memory | alibi, in segment |" in table
+    assert "| 8 | 1.000 ± 0.000 | 0.110 ± 0.014 | 0.400 ± 0.283 |" in table
+    assert "| 32 | 0.800 ± 0.141 | 0.090 ± 0.014 | 0.100 ± 0.000 |" in table
+    assert "- txl, memory: at 8, 32" in table  # 0.7 above chance, spreads 0 and 0.14
+    assert "- alibi" not in table
