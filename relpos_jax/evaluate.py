@@ -86,22 +86,26 @@ SEGMENTS_PER_CALL = 16
 """Segments that one compiled call scores, the memory carried between them by ``jax.lax.scan``."""
 
 
-def row_loss_sums(target_log_probs: jax.Array, segment: dict) -> tuple[jax.Array, jax.Array]:
-    """A segment's per-row sums of weighted losses and of weights ``[B]`` from its targets'
-    log-probabilities (the readout of ``score_segments``): per row, so rows split over devices need
-    nothing from each other."""
+def loss_sums(target_log_probs: jax.Array, segment: dict) -> dict[str, jax.Array]:
+    """A segment's sums of weighted losses and of weights, per row ``[B]`` (rows split over devices
+    need nothing from each other) and per position in the segment ``[T]`` (the loss against
+    position that shows memory being used), from its targets' log-probabilities (the readout of
+    ``score_segments``)."""
     weights = segment["weights"]
-    return -(target_log_probs * weights).sum(-1), weights.sum(-1)
+    losses = -target_log_probs * weights
+    return {
+        "row_loss": losses.sum(-1), "row_count": weights.sum(-1),
+        "position_loss": losses.sum(0), "position_count": weights.sum(0),
+    }  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
 def score_segments(graphdef, state, block: dict, mems):
     """Scores S consecutive segments ``block["inputs" | "targets" | "weights"] [S, B, T]`` in one
-    call -> (per-row sums of weighted losses [B], of weights [B], the memory after the last
-    segment)."""
+    call -> (``loss_sums`` summed over the S segments, the memory after the last segment)."""
     model = nnx.merge(graphdef, state)
-    (loss, count), mems = scan_segments(model, block, mems, row_loss_sums, targets=True)
-    return loss.sum(0), count.sum(0), mems
+    sums, mems = scan_segments(model, block, mems, loss_sums, targets=True)
+    return jax.tree.map(lambda x: x.sum(0), sums), mems
 
 
 def evaluate(
@@ -157,14 +161,15 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
         if mesh is not None:
             block, mems = _placed(block, mems, mesh)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-            loss, count, mems = score_segments(graphdef, state, block, mems)
-        sums.append((loss, count))
+            block_sums, mems = score_segments(graphdef, state, block, mems)
+        sums.append(block_sums)
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
-    total_loss = sum(np.asarray(loss, np.float64).sum() for loss, _ in sums)
-    total_count = sum(np.asarray(count, np.float64).sum() for _, count in sums)
-    mean = float(total_loss / total_count)
+    total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0]}
+    total_count = float(total["row_count"].sum())
+    mean = float(total["row_loss"].sum() / total_count)
     seconds = time.perf_counter() - start
+    by_position = total["position_loss"] / np.maximum(total["position_count"], 1.0)
     return {
         "loss": mean,
         "bpc": mean * BITS_PER_NAT,  # bits per token: per character (byte) at the byte level
@@ -172,6 +177,8 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
         "ppl": math.exp(min(mean, 700.0)),
         "tokens": int(total_count),
         "tokens_per_sec": float(total_count / seconds),
+        # mean bits per token at each position of the segment (memory slots first, then these)
+        "bpc_by_position": [round(float(b) * BITS_PER_NAT, 5) for b in by_position],
     }
 
 

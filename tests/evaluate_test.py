@@ -14,24 +14,28 @@ TOKENS = np.random.default_rng(7).integers(0, 256, 1000)
 
 def _one_segment_at_a_time(model, batch_size, segment_len, mem_len):
     """The reference: the model called segment by segment with the memory of hidden states, the
-    losses summed in float64 on the host."""
+    losses summed in float64 on the host, in all and at each position of the segment."""
     stream = pipeline.ArrayStream(TOKENS)
     total, count, mems = 0.0, 0.0, None
+    at_position, at_position_count = np.zeros(segment_len), np.zeros(segment_len)
     for batch in pipeline.eval_batches(stream, batch_size, segment_len):
         if mems is None:
             mems = model.init_mems(batch["inputs"].shape[0], mem_len)
         logits, mems = model(batch["inputs"], mems)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-        total += float(np.sum(np.asarray(losses, np.float64) * batch["weights"]))
+        weighted = np.asarray(losses, np.float64) * batch["weights"]
+        total += float(np.sum(weighted))
         count += float(batch["weights"].sum())
-    return total / count, count
+        at_position += weighted.sum(0)
+        at_position_count += batch["weights"].sum(0)
+    return total / count, count, at_position / at_position_count
 
 
 @pytest.mark.parametrize("position", ["txl", "rope"])
 def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, position):
     model = tiny_model(position, mem_len=24)
     # 3 rows of 333 targets: 21 segments of 16
-    loss, count = _one_segment_at_a_time(model, 3, 16, 24)
+    loss, count, by_position = _one_segment_at_a_time(model, 3, 16, 24)
     assert count == 999
     for per_call in (1, 4, 21, 64):  # 4: five blocks and one filled up; 64: one block of 21
         monkeypatch.setattr(evaluate_lib, "SEGMENTS_PER_CALL", per_call)
@@ -40,6 +44,8 @@ def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, positi
         )
         assert result["tokens"] == 999, per_call
         np.testing.assert_allclose(result["loss"], loss, rtol=2e-6, err_msg=f"{per_call} a call")
+        bits = by_position * evaluate_lib.BITS_PER_NAT
+        np.testing.assert_allclose(result["bpc_by_position"], bits, rtol=2e-5, atol=1e-5)
 
 
 def test_blocks_are_stacked_and_the_last_filled_with_zero_weight_segments():
