@@ -11,7 +11,8 @@ embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits t
 token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped. Writes ``ablation.json`` (settings, commit, each run's test bpc) and renders
 ``ablation.md`` (mean ± sd over seeds, the paper's WikiText-103 perplexities beside for reference,
-and which differences exceed twice the spread) and ``ablation.png`` from it.
+and which differences exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
+(test bpc against position in the segment, with and without memory) from it.
 """
 
 from __future__ import annotations
@@ -135,6 +136,37 @@ def plot(results: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_positions(results: dict, path: pathlib.Path) -> None:
+    """Test bpc against position in the segment, with and without memory, a panel per scheme (mean
+    over seeds): memory in use lowers the first positions most, where the segment alone holds the
+    least context."""
+    from matplotlib.figure import Figure
+
+    curves: dict[tuple[str, int], list[list[float]]] = {}
+    for run in results["runs"]:
+        if run.get("bpc_by_position"):
+            curves.setdefault((run["scheme"], run["memory"]), []).append(run["bpc_by_position"])
+    schemes = sorted({s for s, _ in curves}, key=POSITIONS.index)
+    if not schemes:
+        return
+    columns = min(4, len(schemes))
+    rows = -(-len(schemes) // columns)
+    fig = Figure(figsize=(3 * columns, 2.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax, scheme in zip(axes, schemes, strict=False):
+        for memory in sorted({m for s, m in curves if s == scheme}, reverse=True):
+            runs = curves[scheme, memory]
+            mean = [sum(values) / len(values) for values in zip(*runs, strict=True)]
+            ax.plot(range(1, len(mean) + 1), mean, label=f"memory {memory}")
+        ax.set_title(scheme, fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes[len(schemes) :]:
+        ax.set_visible(False)
+    fig.supxlabel("position in the segment")
+    fig.supylabel("test bpc, mean over seeds")
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=500)
@@ -158,7 +190,8 @@ def main() -> None:
         ),
         "runs": [
             {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),
-             "test_bpc": evaluated[run.name]["test"]["bpc"]}
+             "test_bpc": evaluated[run.name]["test"]["bpc"],
+             "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position")}
             for (scheme, mem_len, seed), run in runs.items()
         ],
     }  # fmt: skip
@@ -166,6 +199,7 @@ def main() -> None:
     sweep.write(out / "ablation.json", results)
     (out / "ablation.md").write_text(render(results))
     plot(results, out / "ablation.png")
+    plot_positions(results, out / "ablation_positions.png")
     print(render(results))
 
 

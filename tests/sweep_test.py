@@ -48,6 +48,18 @@ def test_the_ablation_table_is_rendered_from_its_json_with_spreads():
     assert "- shaw (memory 64) lower" not in table
 
 
+def test_the_ablation_plots_loss_against_position_from_its_json(tmp_path):
+    results = _results()
+    for run in results["runs"]:  # memory lowers the first positions' loss
+        run["bpc_by_position"] = [run["test_bpc"] + (0.5 if run["memory"] == 0 else 0.1) / (t + 1)
+                                  for t in range(8)]  # fmt: skip
+    ablation.plot_positions(results, tmp_path / "positions.png")
+    assert (tmp_path / "positions.png").stat().st_size > 10_000
+    del results["runs"][0]["bpc_by_position"]  # an eval.json from before: that run is left out
+    ablation.plot_positions(results, tmp_path / "fewer.png")
+    assert (tmp_path / "fewer.png").exists()
+
+
 def test_the_ablation_lists_its_runs_as_command_lines():
     flags = ["--dry-run", "--schemes", "txl,rope", "--seeds", "0,1", "--steps", "5"]
     result = subprocess.run(
