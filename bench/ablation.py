@@ -63,7 +63,7 @@ def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
                 runs[scheme, mem_len, seed] = sweep.Run(
                     name=name, workdir=pathlib.Path(args.runs) / name, config=config_file(scheme),
                     settings=(
-                        f"train.steps={args.steps}", "train.eval_every=0",
+                        f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
                         *overrides(mem_len, seed, args.set),
                     ),
                 )  # fmt: skip
@@ -111,7 +111,44 @@ def render(results: dict) -> str:
             delta = summary[scheme, s["mem_len"]][0] - summary[scheme, 0][0]
             found.append(f"- {scheme}: memory {'lowers' if delta < 0 else 'raises'} test bpc "
                          f"by {abs(delta):.4f}")  # fmt: skip
-    return "\n".join(lines + (found or ["- none"]) + [""])
+    return "\n".join(lines + (found or ["- none"]) + [""] + _growth(results))
+
+
+def _eval_tokens(args) -> int:
+    """The valid tokens that each validation during training scores (``train.eval_tokens``)."""
+    return int(config_for("txl", args.mem_len, 0, args.set).train.eval_tokens)
+
+
+def _growth(results: dict) -> list[str]:
+    """Memory's effect on valid bpc at each validation step (memory − none, mean over seeds, and
+    whether it exceeds twice the spread): the lines of that table, none without such steps."""
+    mem_len, curves = results["settings"]["mem_len"], {}
+    for run in results["runs"]:
+        for step, bpc in run.get("valid_by_step") or []:
+            curves.setdefault((run["scheme"], run["memory"], step), []).append(bpc)
+    steps = sorted({step for _, _, step in curves})
+    schemes = [s for s in dict.fromkeys(r["scheme"] for r in results["runs"])
+               if all((s, m, t) in curves for m in (mem_len, 0) for t in steps)]  # fmt: skip
+    if len(steps) < 2 or not schemes:
+        return []
+    tokens = results["settings"].get("eval_tokens")
+    lines = [
+        f"Memory's effect as training grows: valid bpc with memory {mem_len} minus without, at each "
+        f"validation during training ({f'the first {tokens:,} valid tokens' if tokens else 'valid'}; "
+        "the learning rate still decays after each; * where the difference exceeds twice the larger "
+        "spread over seeds):",
+        "",
+        "| scheme | " + " | ".join(f"step {step:,}" for step in steps) + " |",
+        "|---|" + "---:|" * len(steps),
+    ]
+    for scheme in schemes:
+        cells = []
+        for step in steps:
+            with_memory, without = curves[scheme, mem_len, step], curves[scheme, 0, step]
+            delta = sweep.mean_sd(with_memory)[0] - sweep.mean_sd(without)[0]
+            cells.append(f"{delta:+.4f}{' *' if sweep.apart(with_memory, without) else ''}")
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def plot(results: dict, path: pathlib.Path) -> None:
@@ -173,6 +210,11 @@ def main() -> None:
     options.add_schemes(parser, SCHEMES)
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
+    parser.add_argument(
+        "--eval-every", type=int, default=0,
+        help="validate every N steps during training (train.eval_every): the table of memory's "
+        "effect as training grows (default: only the final test)",
+    )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
     options.add_runs(parser, "runs/ablation")
     options.add_out(parser)
@@ -187,11 +229,13 @@ def main() -> None:
         "settings": sweep.settings(
             ["bench.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
             seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
+            eval_every=args.eval_every, eval_tokens=_eval_tokens(args),
         ),
         "runs": [
             {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),
              "test_bpc": evaluated[run.name]["test"]["bpc"],
-             "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position")}
+             "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position"),
+             "valid_by_step": sweep.validation_curve(run.workdir)}
             for (scheme, mem_len, seed), run in runs.items()
         ],
     }  # fmt: skip

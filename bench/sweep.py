@@ -54,6 +54,15 @@ class Run:
         return None
 
 
+def validation_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
+    """``(step, valid bpc)`` of each validation during a run's training (its ``metrics.jsonl``)."""
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [(r["step"], r["valid/bpc"]) for r in records if "valid/bpc" in r]
+
+
 def dry_run(runs: Sequence[Run]) -> str:
     """The sweep's runs, one shell line each (its commands joined by ``&&``), from the repository
     root: ``| xargs -P 2 -I{} sh -c {}`` or a Slurm array runs them side by side."""

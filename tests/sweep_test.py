@@ -48,6 +48,24 @@ def test_the_ablation_table_is_rendered_from_its_json_with_spreads():
     assert "- shaw (memory 64) lower" not in table
 
 
+def test_the_ablation_tabulates_memorys_effect_as_training_grows():
+    results = _results()
+    results["settings"]["eval_tokens"] = 4096
+    gains = {"txl": (0.01, -0.05), "shaw": (0.2, 0.0)}  # memory − none at steps 10, 20
+    for run in results["runs"]:
+        shift = gains[run["scheme"]] if run["memory"] else (0.0, 0.0)
+        noise = 0.001 * run["seed"]
+        run["valid_by_step"] = [(10, 2.0 + shift[0] + noise), (20, 1.9 + shift[1] + noise)]
+    table = ablation.render(results)
+    assert "| scheme | step 10 | step 20 |" in table
+    assert "| txl | +0.0100 * | -0.0500 * |" in table  # spreads 0.001: both beyond 2 sd
+    assert "| shaw | +0.2000 * | +0.0000 |" in table
+    assert "the first 4,096 valid tokens" in table
+    for run in results["runs"]:
+        run["valid_by_step"] = run["valid_by_step"][-1:]  # one validation: no such table
+    assert "| step" not in ablation.render(results)
+
+
 def test_the_ablation_plots_loss_against_position_from_its_json(tmp_path):
     results = _results()
     for run in results["runs"]:  # memory lowers the first positions' loss
