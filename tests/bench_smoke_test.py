@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import ablation, probes
+from bench import ablation, probes, recl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -72,6 +72,19 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert all(set(rows) == {"non-overlapping", "sliding"} for rows in bpc.values())
     assert all(set(r) == {"8", "16"} for rows in bpc.values() for r in rows.values())
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
+
+    command = bench(
+        "recl", "--ablation", "rope", "--runs", str(tmp_path / "runs"), "--seeds", "0",
+        "--out", str(tmp_path / "out"), "--contexts", "0,4,8", "--tokens", "64", "--segment", "4",
+        *(f"--set={s}" for s in sets),
+    )  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "recl.json").read_text())
+    assert [r["label"] for r in results["runs"]] == ["rope, memory 128", "rope, memory 0"]
+    assert all(set(r["recl"]) == set(r["pair_recl"]) == {"0.1", "0.5", "1.0"}
+               for r in results["runs"])  # fmt: skip
+    assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)
 
 
 @pytest.mark.bench

@@ -119,3 +119,28 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
     assert "| 32 | 0.800 ± 0.141 | 0.090 ± 0.014 | 0.100 ± 0.000 |" in table
     assert "- txl, memory: at 8, 32" in table  # 0.7 above chance, spreads 0 and 0.14
     assert "- alibi" not in table
+
+
+def test_the_recl_table_is_rendered_from_its_json_with_spreads():
+    from bench import recl
+
+    runs = [
+        {"label": f"txl, memory {m}", "scheme": "txl", "seed": seed,
+         "bpc": {"0": 5.0, "64": 2.0 - 0.1 * (m > 0) + 0.01 * seed},
+         "recl": {"0.1": 64 if m else 32, "0.5": 64, "1.0": 32},
+         "pair_recl": {"0.1": 64, "0.5": 64 if seed else 32, "1.0": 32}}
+        for m in (64, 0) for seed in (0, 1)
+    ]  # fmt: skip
+    settings = sweep.settings(["bench.recl", "--seeds", "0,1"], tokens=1024, segment=16)
+    table = recl.render({"settings": settings, "contexts": [0, 64], "r": [0.1, 0.5, 1.0],
+                         "runs": runs})  # fmt: skip
+    assert "`python -m bench.recl --seeds 0,1`" in table
+    assert (
+        "| txl, memory 64 | 2 | 5.0000 ± 0.0000 | 1.9050 ± 0.0071 | ≥64 ± 0 | ≥64 ± 0 | 32 ± 0 |"
+        in table
+    )
+    assert (
+        "| txl, memory 0 | 2 | 5.0000 ± 0.0000 | 2.0050 ± 0.0071 | 32 ± 0 | ≥64 ± 0 | 32 ± 0 |"
+        in table
+    )
+    assert "| txl, memory 64 | ≥64 ± 0 | ≥48 ± 23 | 32 ± 0 |" in table  # its pair, as a group
