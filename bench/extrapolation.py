@@ -1,19 +1,30 @@
-"""Train short, test long (the ALiBi paper's Table 2, small scale): bpc against evaluation length.
+"""Train short, test long (the ALiBi paper's Table 2, small scale), over seeds and without the
+untrained-table confound: bpc against evaluation length.
 
-    .venv/bin/python -m bench.extrapolation [--runs runs/ablation_small] [--train-len 64]
-        [--factors 1,2,4,8,16] [--tokens 16384] [--stride 32] [--set model.n_layers=4 ...]
+    .venv/bin/python -m bench.extrapolation [--schemes ...] [--seeds 0,1,2] [--train-len 128]
+        [--steps 2000] [--variants defaults,sized] [--factors 1,4,16,64,256] [--tokens 262144]
+        [--set model.n_layers=4 ...] [--dry-run]
 
-Takes the ``mem_len`` 0 models that ``bench.ablation`` trained (``<runs>/<scheme>_mem0_seed0``,
-segment ``--train-len``; pass the same ``--set`` overrides) and scores the first ``--tokens`` test
-tokens at lengths L = train-len × factor, two ways, with no memory:
+Trains each scheme without memory at segment ``--train-len`` (``configs/<scheme>_small.py``, one
+``bench.sweep`` run per scheme, variant and seed: reused when finished, listed by ``--dry-run``) and
+scores the first ``--tokens`` test tokens at lengths L = train-len × factor, with no memory, two ways:
 
 - non-overlapping: the tokens cut into segments of L, each scored from scratch;
-- sliding window: windows of L moved by ``--stride``, each scoring only its last ``stride`` tokens,
-  so that every token sees at least L − stride tokens of context.
+- sliding window: windows of L moved by ``--stride`` (default L / 2), each scoring only its last
+  stride tokens, so that every token sees at least L − stride tokens of context.
 
-RoPE is also scored with its length extensions applied at evaluation time, without retraining (factor
-L / train-len): position interpolation (``linear``), NTK-aware (``ntk``), dynamic NTK and YaRN.
-Writes ``extrapolation.json`` and ``extrapolation.png`` in ``--out`` and prints the tables.
+Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
+
+Learned absolute positions have no row beyond their table (``max_len``): name them with ``--schemes``
+only for lengths within it. Variants: ``defaults`` keeps the config's position tables; ``sized`` (only for the schemes that have
+tables: shaw, t5, deberta) sizes them to the trained distances, so that no row or bucket the
+evaluation reads was left at its initialisation: Shaw's k = L_train − 1, T5's max distance L_train,
+DeBERTa's buckets exact to L_train / 4 and logarithmic to L_train. RoPE is also scored with its
+length extensions applied at evaluation time without retraining (factor L / train-len): position
+interpolation (``linear``), NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3.
+
+Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
+sd over seeds) and ``extrapolation.png`` from it.
 """
 
 from __future__ import annotations
@@ -21,11 +32,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
 
 from bench import args as options
-from bench.ablation import SCHEMES, config_for
+from bench import sweep
+from bench.ablation import SCHEMES, config_file
+from bench.measure import ROOT
+from relpos_jax.config import load_config
 
-ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn")
+ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+SIZED = ("shaw", "t5", "deberta")  # the schemes whose tables the "sized" variant changes
+PROTOCOLS = ("non-overlapping", "sliding")
+
+
+def variant_settings(variant: str, train_len: int) -> tuple[str, ...]:
+    """The config overrides of a variant (``sized``: tables within the trained distances)."""
+    if variant == "defaults":
+        return ()
+    return (
+        f"model.shaw_max_distance={train_len - 1}", f"model.t5_max_distance={train_len}",
+        f"model.t5_num_buckets={min(32, train_len)}",  # half of them exact, below the max
+        f"model.deberta_bucket_size={max(2, train_len // 2)}",
+        f"model.deberta_max_position={train_len}",
+    )  # fmt: skip
 
 
 def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
@@ -34,114 +63,192 @@ def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
         return None
     if kind in ("linear", "ntk"):
         return {"rope_type": kind, "factor": factor}
-    return {"rope_type": kind, "factor": factor, "original_max_position_embeddings": train_len}
+    scaling = {"rope_type": kind, "factor": factor, "original_max_position_embeddings": train_len}
+    if kind == "llama3":
+        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    return scaling
 
 
-def measure(model, stream, lengths, args) -> dict[str, dict[int, float]]:
+def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
+    runs = {}
+    for scheme in args.schemes:
+        for variant in args.variants:
+            if variant != "defaults" and scheme not in SIZED:
+                continue  # nothing to size: the defaults run is that scheme's only one
+            for seed in args.seeds:
+                name = f"{scheme}_{variant}_len{args.train_len}_seed{seed}"
+                settings = (
+                    f"train.steps={args.steps}", f"train.seed={seed}", "train.eval_every=0",
+                    "model.mem_len=0", f"data.segment_len={args.train_len}",
+                    *variant_settings(variant, args.train_len), *args.set,
+                )  # fmt: skip
+                runs[scheme, variant, seed] = sweep.Run(
+                    name, pathlib.Path(args.runs) / name, config_file(scheme), settings
+                )
+    return runs
+
+
+def measure(model, stream, length: int, args) -> dict[str, float]:
+    """Test bpc at evaluation length ``length``, non-overlapping and sliding."""
     from relpos_jax.evaluate import evaluate, evaluate_sliding
 
-    rows: dict[str, dict[int, float]] = {"non-overlapping": {}, "sliding": {}}
-    for length in lengths:
-        batch = max(1, args.batch_tokens // length)
-        rows["non-overlapping"][length] = evaluate(
-            model, stream, batch_size=batch, segment_len=length, mem_len=0,
-            max_tokens=args.tokens,
-        )["bpc"]  # fmt: skip
-        rows["sliding"][length] = evaluate_sliding(
-            model, stream, batch_size=batch, window=length, stride=min(args.stride, length),
-            max_tokens=args.tokens,
-        )["bpc"]  # fmt: skip
-        print(
-            f"  L={length}: {rows['non-overlapping'][length]:.4f} / {rows['sliding'][length]:.4f}"
-        )
-    return rows
+    batch = max(1, args.batch_tokens // length)
+    stride = min(args.stride or max(1, length // 2), length)
+    return {
+        "non-overlapping": evaluate(
+            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=args.tokens
+        )["bpc"],
+        "sliding": evaluate_sliding(
+            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=args.tokens
+        )["bpc"],
+    }
 
 
-def plot(results: dict, lengths: list[int], train_len: int, path: pathlib.Path) -> None:
+def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, float]]]:
+    """{label: {protocol: {L: bpc}}} of one run (its scheme, and RoPE's extensions), cached in the
+    run's ``extrapolation.json`` for these lengths, tokens and stride."""
+    from relpos_jax import data
+    from relpos_jax.evaluate import restore_model, with_config
+
+    key = {"lengths": args.lengths, "tokens": args.tokens, "stride": args.stride}
+    cache = run.workdir / "extrapolation.json"
+    if cache.exists() and json.loads(cache.read_text()).get("key") == key:
+        return json.loads(cache.read_text())["bpc"]
+    model, cfg, _ = restore_model(load_config(ROOT / run.config, list(run.settings)), run.workdir)
+    stream = data.open_data(cfg.data, "test")
+    extensions = ROPE_EXTENSIONS if scheme == "rope" else ()
+    bpc: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in (None, *extensions):
+        label = scheme if kind is None else f"rope+{kind}"
+        rows = bpc.setdefault(label, {p: {} for p in PROTOCOLS})
+        for length in args.lengths:
+            impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
+            scaling = None if kind is None else rope_scaling(kind, length / args.train_len,
+                                                             args.train_len)  # fmt: skip
+            model_config = dataclasses.replace(
+                cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
+            )
+            for protocol, value in measure(with_config(model, model_config), stream, length,
+                                           args).items():  # fmt: skip
+                rows[protocol][str(length)] = value
+            print(f"  {run.name} {label} L={length}: "
+                  f"{rows['non-overlapping'][str(length)]:.4f} / {rows['sliding'][str(length)]:.4f}",
+                  flush=True)  # fmt: skip
+    cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
+    return bpc
+
+
+def _series(results: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """{row label: {protocol: {L: [bpc of each seed]}}}; rows: "scheme" or "scheme (sized)"."""
+    series: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for run in results["runs"]:
+        row = run["label"] + ("" if run["variant"] == "defaults" else f" ({run['variant']})")
+        for protocol, by_length in run["bpc"].items():
+            for length, value in by_length.items():
+                series.setdefault(row, {}).setdefault(protocol, {}).setdefault(length, []).append(
+                    value
+                )
+    return series
+
+
+def render(results: dict) -> str:
+    s, series = results["settings"], _series(results)
+    lengths = [str(n) for n in s["lengths"]]
+    lines = [
+        "# Train short, test long (the ALiBi paper's Table 2, small scale)",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every scheme trained without memory at "
+        f"length {s['train_len']} for {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}; "
+        f"scored with no memory on the first {s['tokens']:,} test tokens. Sized: position tables "
+        "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
+        "RoPE's extension X applied at evaluation, factor L / train length. Test bpc, mean ± sd "
+        "over the seeds.",
+    ]
+    stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
+    for protocol in PROTOCOLS:
+        lines += [
+            "",
+            f"**{protocol}**" + (f" ({stride})" if protocol == "sliding" else ""),
+            "",
+            "| scheme | " + " | ".join(f"L={n}" for n in lengths) + " |",
+            "|---|" + "---:|" * len(lengths),
+        ]
+        for row, by_protocol in series.items():
+            cells = []
+            for n in lengths:
+                mean, sd = sweep.mean_sd(by_protocol[protocol][n])
+                cells.append(f"{mean:.3f} ± {sd:.3f}")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, ""])
+
+
+def plot(results: dict, path: pathlib.Path) -> None:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
+    s, series = results["settings"], _series(results)
     colors = colormaps["tab20"].colors
     fig = Figure(figsize=(11, 4), layout="constrained")
-    for i, protocol in enumerate(("non-overlapping", "sliding")):
+    for i, protocol in enumerate(PROTOCOLS):
         ax = fig.add_subplot(1, 2, i + 1)
-        for k, (label, rows) in enumerate(results.items()):
-            values = [rows[protocol][str(n)] for n in lengths]
-            style = "--" if label.startswith("rope+") else "-"
-            ax.plot(lengths, values, style, marker="o", ms=3, color=colors[k % 20], label=label)
-        ax.axvline(train_len, color="grey", lw=0.8)
+        for k, (row, by_protocol) in enumerate(series.items()):
+            lengths = sorted(int(n) for n in by_protocol[protocol])
+            means = [sweep.mean_sd(by_protocol[protocol][str(n)])[0] for n in lengths]
+            style = "--" if row.startswith("rope+") or "(" in row else "-"
+            ax.plot(lengths, means, style, marker="o", ms=3, color=colors[k % 20], label=row)
+        ax.axvline(s["train_len"], color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length L (tokens)")
-        ax.set_ylabel("test bpc")
+        ax.set(xlabel="evaluation length L (tokens)", ylabel="test bpc, mean over seeds")
         ax.set_ylim(top=min(8.0, ax.get_ylim()[1]))
-        ax.set_title(f"{protocol} (trained at {train_len})")
+        ax.set_title(f"{protocol} (trained at {s['train_len']})")
     ax.legend(fontsize=7, ncol=2)
     fig.savefig(path, dpi=120)
 
 
-def table(results: dict, lengths: list[int], protocol: str) -> str:
-    lines = [
-        "| scheme | " + " | ".join(f"L={n}" for n in lengths) + " |",
-        "|---|" + "---:|" * len(lengths),
-    ]
-    for label, rows in results.items():
-        cells = " | ".join(f"{rows[protocol][str(n)]:.3f}" for n in lengths)
-        lines.append(f"| {label} | {cells} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = options.parser(__doc__)
-    options.add_runs(parser, "runs/ablation", help="bench.ablation's")
-    options.add_schemes(parser, SCHEMES)
+    options.add_schemes(parser, ("none", *(s for s in SCHEMES if s != "learned")))
+    parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--train-len", type=int, default=128)
-    parser.add_argument("--factors", type=options.ints, default="1,2,4,8,16")
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--stride", type=int, default=None, help="default: train-len / 2")
-    parser.add_argument("--batch-tokens", type=int, default=8192)
-    options.add_seed(parser)
-    options.add_overrides(parser, help="the same as bench.ablation's")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument(
+        "--variants", type=options.listed(choices=("defaults", "sized")),
+        default="defaults,sized", help="position tables as configured, and sized to train-len",
+    )  # fmt: skip
+    parser.add_argument("--factors", type=options.ints, default="1,4,16,64,256")
+    parser.add_argument("--tokens", type=int, default=262144)
+    parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
+    parser.add_argument("--batch-tokens", type=int, default=32768)
+    parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
+    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
+    options.add_runs(parser, "runs/extrapolation")
+    options.add_overrides(parser, help="applied to every run")
     options.add_out(parser)
     args = parser.parse_args()
-    args.stride = args.stride or max(1, args.train_len // 2)
-
-    from relpos_jax import data
-    from relpos_jax.evaluate import restore_model, with_config
-
-    lengths = [args.train_len * f for f in args.factors]
-    results: dict[str, dict] = {}
-    for scheme in args.schemes:
-        workdir = pathlib.Path(args.runs) / f"{scheme}_mem0_seed{args.seed}"
-        config = config_for(scheme, 0, args.seed, args.set)
-        model, cfg, _ = restore_model(config, workdir)
-        stream = data.open_data(cfg.data, "test")
-        print(f"{scheme} ({workdir})")
-        results[scheme] = measure(model, stream, lengths, args)
-        if scheme != "rope":
-            continue
-        for kind in ROPE_EXTENSIONS:
-            print(f"rope+{kind}")
-            rows: dict[str, dict[int, float]] = {"non-overlapping": {}, "sliding": {}}
-            for length in lengths:
-                scaling = rope_scaling(kind, length / args.train_len, args.train_len)
-                scaled = with_config(model, dataclasses.replace(cfg.model, rope_scaling=scaling))
-                for protocol, values in measure(scaled, stream, [length], args).items():
-                    rows[protocol].update(values)
-            results[f"rope+{kind}"] = rows
-    results = {  # JSON keys are strings
-        label: {p: {str(n): v for n, v in r.items()} for p, r in rows.items()}
-        for label, rows in results.items()
-    }
-    for protocol in ("non-overlapping", "sliding"):
-        print(f"\n{protocol}, test bpc over the first {args.tokens:,} test tokens\n")
-        print(table(results, lengths, protocol))
+    args.lengths = [args.train_len * f for f in args.factors]
+    runs = runs_of(args)
+    if args.dry_run:
+        print(sweep.dry_run(list(runs.values())))
+        return
+    sweep.execute(list(runs.values()), args.steps)
+    results = {
+        "settings": sweep.settings(
+            ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
+            seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
+            sets=list(args.set),
+        ),
+        "runs": [
+            {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": bpc}
+            for (scheme, variant, seed), run in runs.items()
+            for label, bpc in score(run, scheme, args).items()
+        ],
+    }  # fmt: skip
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    (out / "extrapolation.json").write_text(
-        json.dumps({"settings": settings, "bpc": results}, indent=1) + "\n"
-    )
-    plot(results, lengths, args.train_len, out / "extrapolation.png")
+    sweep.write(out / "extrapolation.json", results)
+    (out / "extrapolation.md").write_text(render(results))
+    plot(results, out / "extrapolation.png")
+    print(render(results))
 
 
 if __name__ == "__main__":

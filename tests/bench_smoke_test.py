@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import ablation, probes, recl
+from bench import ablation, extrapolation, probes, recl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -61,16 +61,21 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert (tmp_path / "out" / "ablation.md").read_text() == ablation.render(results)
 
     command = bench(
-        "extrapolation", "--schemes", "rope", "--runs", str(tmp_path / "runs"),
-        "--out", str(tmp_path / "out"), "--train-len", "8", "--factors", "1,2", "--tokens", "40",
-        "--stride", "3", *(f"--set={s}" for s in sets),
+        "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
+        "--factors", "1,2", "--tokens", "40", "--stride", "3", "--tiled-from", "16",
+        *(f"--set={s}" for s in sets),
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    bpc = json.loads((tmp_path / "out" / "extrapolation.json").read_text())["bpc"]
-    assert set(bpc) == {"rope", "rope+linear", "rope+ntk", "rope+dynamic", "rope+yarn"}
-    assert all(set(rows) == {"non-overlapping", "sliding"} for rows in bpc.values())
-    assert all(set(r) == {"8", "16"} for rows in bpc.values() for r in rows.values())
+    results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
+    labels = {(r["label"], r["variant"]) for r in results["runs"]}
+    assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
+        (f"rope+{kind}", "defaults") for kind in extrapolation.ROPE_EXTENSIONS
+    }
+    assert all(set(r["bpc"]) == {"non-overlapping", "sliding"} for r in results["runs"])
+    assert all(set(v) == {"8", "16"} for r in results["runs"] for v in r["bpc"].values())
+    assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation.render(results)
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
     command = bench(
