@@ -72,13 +72,15 @@ def runs_of(args, cfg: Config) -> dict[tuple[str, str, int], sweep.Run]:
     return runs
 
 
-def score(run: sweep.Run, distances) -> list[dict]:
-    """The run's accuracy at each distance (cached in the run's ``probe_accuracy.json``)."""
+def score(run: sweep.Run, distances, window: tuple[int, int] | None = None) -> list[dict]:
+    """The run's accuracy at each distance, with its own segment and memory or ``window`` (segment,
+    memory) instead; cached in the run's ``probe_accuracy*.json``."""
     from relpos_jax.analysis.probing import accuracy_by_distance
     from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
 
-    cache = run.workdir / "probe_accuracy.json"
+    suffix = "" if window is None else f"_seg{window[0]}_mem{window[1]}"
+    cache = run.workdir / f"probe_accuracy{suffix}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
         if [c["distance"] for c in cached] == list(distances):
@@ -86,20 +88,23 @@ def score(run: sweep.Run, distances) -> list[dict]:
     cfg = load_config(ROOT / run.config, list(run.settings))
     kind, *_ = probes.parse(cfg.data.name)
     model, c, _ = restore_model(cfg, run.workdir)
+    segment_len, mem_len = window or (c.data.segment_len, c.model.mem_len)
     curve = accuracy_by_distance(
-        model, kind, distances, segment_len=c.data.segment_len, mem_len=c.model.mem_len,
-        documents=256,
-    )  # fmt: skip
+        model, kind, distances, segment_len=segment_len, mem_len=mem_len, documents=256
+    )
     cache.write_text(json.dumps(curve, indent=1) + "\n")
     return curve
 
 
-def _curves(results: dict) -> dict[tuple[str, str], dict[int, list[float]]]:
-    """Accuracy of each (scheme, condition) by distance, over its seeds."""
+def _curves(results: dict, field: str = "curve") -> dict[tuple[str, str], dict[int, list[float]]]:
+    """Accuracy of each (scheme, condition) by distance, over its seeds (runs without ``field``
+    left out)."""
     curves: dict[tuple[str, str], dict[int, list[float]]] = {}
     for run in results["runs"]:
+        if field not in run:
+            continue
         by_distance = curves.setdefault((run["scheme"], run["condition"]), {})
-        for point in run["curve"]:
+        for point in run[field]:
             by_distance.setdefault(point["distance"], []).append(point["byte_accuracy"])
     return curves
 
@@ -124,6 +129,37 @@ def render(results: dict) -> str:
         f"Answer-byte accuracy on 256 fresh test documents a distance, teacher-forced, mean ± sd "
         f"over the seeds; chance is {chance}.",
         "",
+        *_table(curves, distances),
+    ]
+    lines += _above_chance(curves, distances, chance)
+    read = _curves(results, "curve_with_memory")
+    if read:
+        lines += [
+            "",
+            f"The in-segment models (trained without memory) scored with the memory runs' segment "
+            f"{s['segment_len']} and memory {s['mem_len']}, where every needle lies within the "
+            "window: if a model that learned the lookup in its segment answers here too, the "
+            "forward pass through memory is sound and a failure of the memory runs is one of "
+            "training.",
+            "",
+            *_table(read, distances),
+            *_above_chance(read, distances, chance),
+        ]
+    return "\n".join([*lines, ""])
+
+
+def _above_chance(curves: dict, distances: list[int], chance: float) -> list[str]:
+    found = []
+    for key, curve in curves.items():
+        above = [d for d in distances if d in curve and _above(curve[d], chance)]
+        if above:
+            found.append(f"- {label(*key)}: at {', '.join(map(str, above))}")
+    head = ["", "Above chance by more than twice the spread (and more than 0.05):", ""]
+    return head + (found or ["- none"])
+
+
+def _table(curves: dict, distances: list[int]) -> list[str]:
+    lines = [
         "| distance | " + " | ".join(label(*key) for key in curves) + " |",
         "|---:|" + "---:|" * len(curves),
     ]
@@ -133,13 +169,7 @@ def render(results: dict) -> str:
             mean, sd = sweep.mean_sd(curve[d]) if d in curve else (float("nan"), 0.0)
             cells.append(f"{mean:.3f} ± {sd:.3f}")
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    lines += ["", "Above chance by more than twice the spread (and more than 0.05):", ""]
-    found = []
-    for key, curve in curves.items():
-        above = [d for d in distances if d in curve and _above(curve[d], chance)]
-        if above:
-            found.append(f"- {label(*key)}: at {', '.join(map(str, above))}")
-    return "\n".join(lines + (found or ["- none"]) + [""])
+    return lines
 
 
 def _above(values: list[float], chance: float) -> bool:
@@ -196,6 +226,7 @@ def main() -> None:
     from relpos_jax.data import probes
 
     kind, *_ = probes.parse(cfg.data.name)
+    memory_window = (cfg.data.segment_len, cfg.model.mem_len)
     results = {
         "settings": sweep.settings(
             ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
@@ -205,7 +236,9 @@ def main() -> None:
         "chance": probes.CHANCE[kind],
         "runs": [
             {"scheme": scheme, "condition": condition, "seed": seed, "workdir": str(run.workdir),
-             "curve": score(run, args.distances)}
+             "curve": score(run, args.distances),
+             **({"curve_with_memory": score(run, args.distances, memory_window)}
+                if condition == "in_segment" else {})}
             for (scheme, condition, seed), run in runs.items()
         ],
     }  # fmt: skip

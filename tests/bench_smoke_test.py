@@ -136,6 +136,10 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
         ("rope", "in_segment"),
     ]
     assert all([c["distance"] for c in r["curve"]] == [8, 32] for r in results["runs"])
+    in_segment = results["runs"][1]  # also read through the memory runs' window
+    assert [(c["segment_len"], c["mem_len"]) for c in in_segment["curve_with_memory"]] == [
+        (16, 48)
+    ] * 2
     assert (tmp_path / "out" / "probe_needle.png").stat().st_size > 0
     assert (tmp_path / "out" / "probe_needle.md").read_text() == probes.render(results)
 

@@ -119,6 +119,13 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
     assert "| 32 | 0.800 ± 0.141 | 0.090 ± 0.014 | 0.100 ± 0.000 |" in table
     assert "- txl, memory: at 8, 32" in table  # 0.7 above chance, spreads 0 and 0.14
     assert "- alibi" not in table
+    assert "scored with the memory runs'" not in table  # no in-segment run read through memory
+    for run in runs:
+        if run["condition"] == "in_segment":
+            run["curve_with_memory"] = [{"distance": 8, "byte_accuracy": 0.9 + 0.01 * run["seed"]}]
+    table = probes.render({"settings": settings, "chance": 0.1, "runs": runs})
+    assert "| distance | alibi, in segment |\n|---:|---:|\n| 8 | 0.905 ± 0.007 |" in table
+    assert "- alibi, in segment: at 8" in table
 
 
 def test_the_recl_table_is_rendered_from_its_json_with_spreads():
