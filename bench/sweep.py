@@ -60,7 +60,8 @@ def validation_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
     if not path.exists():
         return []
     records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return [(r["step"], r["valid/bpc"]) for r in records if "valid/bpc" in r]
+    by_step = {r["step"]: r["valid/bpc"] for r in records if "valid/bpc" in r}  # a rerun: the last
+    return sorted(by_step.items())
 
 
 def dry_run(runs: Sequence[Run]) -> str:

@@ -3,6 +3,7 @@ without training anything; its runs listed as command lines (``--dry-run``)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -151,3 +152,11 @@ def test_the_recl_table_is_rendered_from_its_json_with_spreads():
         in table
     )
     assert "| txl, memory 64 | ≥64 ± 0 | ≥48 ± 23 | 32 ± 0 |" in table  # its pair, as a group
+
+
+def test_a_runs_validation_curve_keeps_one_value_a_step(tmp_path):
+    lines = [{"step": 5, "train/bpc": 3.0}, {"step": 10, "valid/bpc": 2.5},
+             {"step": 20, "valid/bpc": 2.2}, {"step": 20, "valid/bpc": 2.1}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.validation_curve(tmp_path) == [(10, 2.5), (20, 2.1)]  # rerun: the last
+    assert sweep.validation_curve(tmp_path / "missing") == []
