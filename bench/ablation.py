@@ -111,7 +111,8 @@ def render(results: dict) -> str:
             delta = summary[scheme, s["mem_len"]][0] - summary[scheme, 0][0]
             found.append(f"- {scheme}: memory {'lowers' if delta < 0 else 'raises'} test bpc "
                          f"by {abs(delta):.4f}")  # fmt: skip
-    return "\n".join(lines + (found or ["- none"]) + [""] + _growth(results))
+    lines += [*(found or ["- none"]), *sweep.missing_lines(s), ""]
+    return "\n".join(lines + _growth(results))
 
 
 def _eval_tokens(args) -> int:
@@ -215,7 +216,7 @@ def main() -> None:
         help="validate every N steps during training (train.eval_every): the table of memory's "
         "effect as training grows (default: only the final test)",
     )  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
+    sweep.add_options(parser)
     options.add_runs(parser, "runs/ablation")
     options.add_out(parser)
     options.add_overrides(parser)
@@ -224,12 +225,12 @@ def main() -> None:
     if args.dry_run:
         print(sweep.dry_run(list(runs.values())))
         return
-    evaluated = sweep.execute(list(runs.values()), args.steps)
+    runs, evaluated, missing = sweep.finish(runs, args.steps, args.finished_only)
     results = {
         "settings": sweep.settings(
             ["bench.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
             seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
-            eval_every=args.eval_every, eval_tokens=_eval_tokens(args),
+            eval_every=args.eval_every, eval_tokens=_eval_tokens(args), missing=missing,
         ),
         "runs": [
             {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),

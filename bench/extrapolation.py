@@ -180,7 +180,7 @@ def render(results: dict) -> str:
                 mean, sd = sweep.mean_sd(by_protocol[protocol][n])
                 cells.append(f"{mean:.3f} ± {sd:.3f}")
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, ""])
+    return "\n".join([*lines, *sweep.missing_lines(s), ""])
 
 
 def plot(results: dict, path: pathlib.Path) -> None:
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
     parser.add_argument("--batch-tokens", type=int, default=32768)
     parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
-    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
+    sweep.add_options(parser)
     options.add_runs(parser, "runs/extrapolation")
     options.add_overrides(parser, help="applied to every run")
     options.add_out(parser)
@@ -231,12 +231,12 @@ def main() -> None:
     if args.dry_run:
         print(sweep.dry_run(list(runs.values())))
         return
-    sweep.execute(list(runs.values()), args.steps)
+    runs, _, missing = sweep.finish(runs, args.steps, args.finished_only)
     results = {
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
-            sets=list(args.set),
+            sets=list(args.set), missing=missing,
         ),
         "runs": [
             {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": bpc}

@@ -131,7 +131,7 @@ def render(results: dict) -> str:
         "",
         *_table(curves, distances),
     ]
-    lines += _above_chance(curves, distances, chance)
+    lines += _above_chance(curves, distances, chance) + sweep.missing_lines(s)
     read = _curves(results, "curve_with_memory")
     if read:
         lines += [
@@ -210,7 +210,7 @@ def main() -> None:
         help=f"from {','.join(CONDITIONS)} (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
-    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
+    sweep.add_options(parser)
     options.add_out(parser)
     options.add_runs(parser, "runs/probes")
     options.add_overrides(parser, help="e.g. model.n_layers=1")
@@ -222,7 +222,7 @@ def main() -> None:
     if args.dry_run:
         print(sweep.dry_run(list(runs.values())))
         return
-    sweep.execute(list(runs.values()), args.steps)
+    runs, _, missing = sweep.finish(runs, args.steps, args.finished_only)
     from relpos_jax.data import probes
 
     kind, *_ = probes.parse(cfg.data.name)
@@ -232,6 +232,7 @@ def main() -> None:
             ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
             segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len, seeds=list(args.seeds),
             schemes=list(args.schemes), conditions=list(args.conditions), sets=list(args.set),
+            missing=missing,
         ),
         "chance": probes.CHANCE[kind],
         "runs": [

@@ -70,13 +70,16 @@ def dry_run(runs: Sequence[Run]) -> str:
     return "\n".join(" && ".join(shlex.join(c) for c in run.commands()) for run in runs)
 
 
-def execute(runs: Sequence[Run], steps: int) -> dict[str, dict]:
-    """Each run's ``eval.json`` by name: finished runs read back, the others run in turn here."""
+def execute(runs: Sequence[Run], steps: int, finished_only: bool = False) -> dict[str, dict]:
+    """Each run's ``eval.json`` by name: finished runs read back, the others run in turn here (with
+    ``finished_only``, left out: the tables then name them as missing)."""
     results = {}
     for index, run in enumerate(runs, 1):
         result = run.result(steps)
-        state = "done" if result is not None else "running"
+        state = "done" if result is not None else "left out" if finished_only else "running"
         print(f"[{index}/{len(runs)}] {run.name}: {state}", file=sys.stderr, flush=True)
+        if result is None and finished_only:
+            continue
         if result is None:
             start = time.perf_counter()
             for command in run.commands():
@@ -87,6 +90,31 @@ def execute(runs: Sequence[Run], steps: int) -> dict[str, dict]:
             print(f"  {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         results[run.name] = result
     return results
+
+
+def finish(runs: dict, steps: int, finished_only: bool) -> tuple[dict, dict[str, dict], list[str]]:
+    """``execute`` a sweep's runs (a dict by key) -> (the finished runs by key, their
+    ``eval.json`` by name, the names of those left out)."""
+    evaluated = execute(list(runs.values()), steps, finished_only)
+    missing = [run.name for run in runs.values() if run.name not in evaluated]
+    return {k: run for k, run in runs.items() if run.name in evaluated}, evaluated, missing
+
+
+def add_options(parser) -> None:
+    """``--dry-run`` and ``--finished-only``, which every sweep takes."""
+    parser.add_argument("--dry-run", action="store_true", help="list the command lines only")
+    parser.add_argument(
+        "--finished-only", action="store_true",
+        help="tabulate the runs that have finished, name the others as missing, run nothing",
+    )  # fmt: skip
+
+
+def missing_lines(settings: dict) -> list[str]:
+    """The table's note on runs of the sweep that had not finished, if any."""
+    missing = settings.get("missing") or []
+    if not missing:
+        return []
+    return ["", f"Not finished when this was written, so left out: {', '.join(missing)}."]
 
 
 def settings(command: Sequence[str], **more) -> dict:

@@ -160,3 +160,16 @@ def test_a_runs_validation_curve_keeps_one_value_a_step(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sweep.validation_curve(tmp_path) == [(10, 2.5), (20, 2.1)]  # rerun: the last
     assert sweep.validation_curve(tmp_path / "missing") == []
+
+
+def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_path):
+    done, pending = (sweep.Run(n, tmp_path / n, "configs/txl_small.py", ()) for n in ("a", "b"))
+    done.workdir.mkdir()
+    (done.workdir / "eval.json").write_text(json.dumps({"step": 7, "test": {"bpc": 2.0}}))
+    runs, evaluated, missing = sweep.finish({"a": done, "b": pending}, 7, finished_only=True)
+    assert list(runs) == ["a"] and list(evaluated) == ["a"] and missing == ["b"]
+    results = _results()
+    results["settings"]["missing"] = ["shaw_mem0_seed3"]
+    assert "Not finished when this was written, so left out: shaw_mem0_seed3." in ablation.render(
+        results
+    )
