@@ -222,10 +222,10 @@ def main() -> None:
     options.add_overrides(parser)
     args = parser.parse_args()
     runs = runs_of(args)
-    if args.dry_run:
-        print(sweep.dry_run(list(runs.values())))
+    finished = sweep.finish(runs, args)
+    if finished is None:  # --dry-run
         return
-    runs, evaluated, missing = sweep.finish(runs, args.steps, args.finished_only)
+    runs, evaluated, missing = finished
     results = {
         "settings": sweep.settings(
             ["bench.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,

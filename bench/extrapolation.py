@@ -228,10 +228,10 @@ def main() -> None:
     args = parser.parse_args()
     args.lengths = [args.train_len * f for f in args.factors]
     runs = runs_of(args)
-    if args.dry_run:
-        print(sweep.dry_run(list(runs.values())))
+    finished = sweep.finish(runs, args)
+    if finished is None:  # --dry-run
         return
-    runs, _, missing = sweep.finish(runs, args.steps, args.finished_only)
+    runs, _, missing = finished
     results = {
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,

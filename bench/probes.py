@@ -219,10 +219,10 @@ def main() -> None:
     cfg = Config.from_any(load_config(ROOT / args.config, args.set))
     args.steps = args.steps or cfg.train.steps
     runs = runs_of(args, cfg)
-    if args.dry_run:
-        print(sweep.dry_run(list(runs.values())))
+    finished = sweep.finish(runs, args)
+    if finished is None:  # --dry-run
         return
-    runs, _, missing = sweep.finish(runs, args.steps, args.finished_only)
+    runs, _, missing = finished
     from relpos_jax.data import probes
 
     kind, *_ = probes.parse(cfg.data.name)

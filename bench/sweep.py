@@ -92,10 +92,14 @@ def execute(runs: Sequence[Run], steps: int, finished_only: bool = False) -> dic
     return results
 
 
-def finish(runs: dict, steps: int, finished_only: bool) -> tuple[dict, dict[str, dict], list[str]]:
-    """``execute`` a sweep's runs (a dict by key) -> (the finished runs by key, their
-    ``eval.json`` by name, the names of those left out)."""
-    evaluated = execute(list(runs.values()), steps, finished_only)
+def finish(runs: dict, args) -> tuple[dict, dict[str, dict], list[str]] | None:
+    """A sweep's runs (a dict by key) as its options (``add_options``, ``args.steps``) say: with
+    ``--dry-run`` their command lines printed and None; else ``execute``d -> (the finished runs by
+    key, their ``eval.json`` by name, the names of those left out)."""
+    if args.dry_run:
+        print(dry_run(list(runs.values())))
+        return None
+    evaluated = execute(list(runs.values()), args.steps, args.finished_only)
     missing = [run.name for run in runs.values() if run.name not in evaluated]
     return {k: run for k, run in runs.items() if run.name in evaluated}, evaluated, missing
 

@@ -3,6 +3,7 @@ without training anything; its runs listed as command lines (``--dry-run``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -166,7 +167,8 @@ def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_p
     done, pending = (sweep.Run(n, tmp_path / n, "configs/txl_small.py", ()) for n in ("a", "b"))
     done.workdir.mkdir()
     (done.workdir / "eval.json").write_text(json.dumps({"step": 7, "test": {"bpc": 2.0}}))
-    runs, evaluated, missing = sweep.finish({"a": done, "b": pending}, 7, finished_only=True)
+    options = argparse.Namespace(dry_run=False, finished_only=True, steps=7)
+    runs, evaluated, missing = sweep.finish({"a": done, "b": pending}, options)
     assert list(runs) == ["a"] and list(evaluated) == ["a"] and missing == ["b"]
     results = _results()
     results["settings"]["missing"] = ["shaw_mem0_seed3"]
