@@ -45,12 +45,13 @@ def _block_banded_mask(length, mem_len):
     return jnp.asarray((k <= q) & (k >= segment_start - mem_len))
 
 
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
 @pytest.mark.parametrize("impl", ["dense", "tiled"])
 @pytest.mark.parametrize("position", RELATIVE_POSITIONS)
-def test_recurrence_equals_block_banded_full_pass(position, impl):
+def test_recurrence_equals_block_banded_full_pass(position, impl, pre_norm):
     """Tiled: tiles of 3 keys by 3 queries, dividing neither the segment, the memory nor the
-    12-token full pass."""
-    model = _model(position, attention_impl=impl, key_tile=3, query_tile=3)
+    12-token full pass. Pre-norm: the layer norm of memory and segment together."""
+    model = _model(position, attention_impl=impl, key_tile=3, query_tile=3, pre_norm=pre_norm)
     tokens = _stream()
     segmented, _ = _segment_by_segment(model, tokens, M)
     full, _ = model(tokens, model.init_mems(B, 0), attention_mask=_block_banded_mask(S * T, M))
