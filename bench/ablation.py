@@ -136,8 +136,8 @@ def _growth(results: dict) -> list[str]:
     lines = [
         f"Memory's effect as training grows: valid bpc with memory {mem_len} minus without, at each "
         f"validation during training ({f'the first {tokens:,} valid tokens' if tokens else 'valid'}; "
-        "the learning rate still decays after each; * where the difference exceeds twice the larger "
-        "spread over seeds):",
+        "at the last step the whole valid split; the learning rate still decays after each; * where "
+        "the difference exceeds twice the larger spread over seeds):",
         "",
         "| scheme | " + " | ".join(f"step {step:,}" for step in steps) + " |",
         "|---|" + "---:|" * len(steps),
