@@ -64,7 +64,7 @@ def runs_of(args, cfg: Config) -> dict[tuple[str, str, int], sweep.Run]:
                 name = f"{stem}_{scheme}_{condition}_seed{seed}"
                 settings = (
                     f"train.steps={args.steps}", f"train.seed={seed}", f"model.position={scheme}",
-                    *condition_settings(condition, cfg), *args.set,
+                    *args.set, *condition_settings(condition, cfg),  # (cfg has --set applied)
                 )  # fmt: skip
                 runs[scheme, condition, seed] = sweep.Run(
                     name, pathlib.Path(args.runs) / name, args.config, settings
