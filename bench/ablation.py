@@ -94,10 +94,9 @@ def render(results: dict) -> str:
         "|---|---:|---:|---:|---|",
     ]
     for scheme, memory in order:
-        mean, sd = summary[scheme, memory]
         lines.append(
-            f"| {scheme} | {memory} | {mean:.4f} ± {sd:.4f} | {len(groups[scheme, memory])} | "
-            f"{PAPER.get((scheme, memory > 0), '')} |"
+            f"| {scheme} | {memory} | {sweep.mean_sd_text(groups[scheme, memory], 4)} | "
+            f"{len(groups[scheme, memory])} | {PAPER.get((scheme, memory > 0), '')} |"
         )
     lines += ["", "Differences beyond twice the larger spread (lower bpc is better):", ""]
     found = []

@@ -79,10 +79,6 @@ def add_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=default, help="where the results are written")
 
 
-def add_seed(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="train.seed of the runs")
-
-
 def add_size(parser: argparse.ArgumentParser, default: str = "small", many: bool = False) -> None:
     """``--size``: one of ``measure.SIZES`` (``many``: a comma-separated list of them)."""
     if many:

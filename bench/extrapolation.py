@@ -175,10 +175,7 @@ def render(results: dict) -> str:
             "|---|" + "---:|" * len(lengths),
         ]
         for row, by_protocol in series.items():
-            cells = []
-            for n in lengths:
-                mean, sd = sweep.mean_sd(by_protocol[protocol][n])
-                cells.append(f"{mean:.3f} ± {sd:.3f}")
+            cells = [sweep.mean_sd_text(by_protocol[protocol][n], 3) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
 

@@ -164,10 +164,7 @@ def _table(curves: dict, distances: list[int]) -> list[str]:
         "|---:|" + "---:|" * len(curves),
     ]
     for d in distances:
-        cells = []
-        for curve in curves.values():
-            mean, sd = sweep.mean_sd(curve[d]) if d in curve else (float("nan"), 0.0)
-            cells.append(f"{mean:.3f} ± {sd:.3f}")
+        cells = [sweep.mean_sd_text(curve.get(d, []), 3) for curve in curves.values()]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     return lines
 

@@ -75,9 +75,8 @@ def measure(args, seed, group) -> list[dict]:
 
 def _cell(values: list[float], longest: int, digits: int = 0) -> str:
     """Mean ± sd; "≥" where a seed's RECL reached the longest context (a lower bound)."""
-    mean, sd = sweep.mean_sd(values)
     bound = "≥" if any(v >= longest for v in values) else ""
-    return f"{bound}{mean:.{digits}f} ± {sd:.{digits}f}"
+    return bound + sweep.mean_sd_text(values, digits)
 
 
 def render(results: dict) -> str:

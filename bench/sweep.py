@@ -138,6 +138,13 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.mean(values), spread
 
 
+def mean_sd_text(values: Sequence[float], digits: int) -> str:
+    """``mean ± sd`` of ``values`` with ``digits`` decimals, as the tables print it ("nan ± 0" for
+    none)."""
+    mean, sd = mean_sd(values) if values else (float("nan"), 0.0)
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
 def apart(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether the means differ by more than twice the larger spread (never with one seed)."""
     (mean_a, sd_a), (mean_b, sd_b) = mean_sd(a), mean_sd(b)
