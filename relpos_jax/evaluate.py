@@ -177,7 +177,7 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
         "ppl": math.exp(min(mean, 700.0)),
         "tokens": int(total_count),
         "tokens_per_sec": float(total_count / seconds),
-        # mean bits per token at each position of the segment (memory slots first, then these)
+        # mean bits per token at each position of the segment, its first query first
         "bpc_by_position": [round(float(b) * BITS_PER_NAT, 5) for b in by_position],
     }
 

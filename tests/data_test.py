@@ -247,3 +247,8 @@ def test_concurrent_runs_build_a_corpus_once(text_corpus, tmp_path):
     lengths = {int(log.split()[-1]) for log in logs}
     assert len(lengths) == 1 and 0 < lengths.pop() < len(payload)
     assert sum(log.count("building dataset") for log in logs) == 1
+
+
+def test_buckets_get_no_lock_file_and_keep_their_scheme():
+    assert builders.lock_path("gs://bucket/tfds", "text_1") is None
+    assert str(builders.lock_path("/data/tfds", "text_1")) == "/data/tfds/text_1.lock"

@@ -212,16 +212,16 @@ def build(
         tokens=kind,
         version="1.0.0",
     )
-    root = pathlib.Path(data_dir or DEFAULT_DIR)
+    root = str(data_dir or DEFAULT_DIR)  # a string: pathlib would fold gs:// into gs:/
 
     def builder():
         cls = ByteCorpus if kind == "bytes" else WordCorpus
-        return cls(config=config, data_dir=str(root), file_format="array_record")
+        return cls(config=config, data_dir=root, file_format="array_record")
 
     prepared = builder()
     if prepared.is_prepared():
         return prepared
-    with _preparing(root / f"{config.name}.lock"):  # concurrent runs of a sweep build it once
+    with _preparing(lock_path(root, config.name)):  # concurrent runs of a sweep build it once
         prepared = builder()  # another process may have built it while this one waited
         if not prepared.is_prepared():
             print(f"building dataset {name} into {prepared.data_dir} (once)", flush=True)
@@ -229,16 +229,20 @@ def build(
     return prepared
 
 
+def lock_path(data_dir: str, config_name: str) -> pathlib.Path | None:
+    """The file whose lock guards building ``config_name`` in ``data_dir``; None for a bucket
+    (``gs://…``), which has no file locks."""
+    return None if "://" in data_dir else pathlib.Path(data_dir) / f"{config_name}.lock"
+
+
 @contextlib.contextmanager
-def _preparing(lock_path: pathlib.Path):
-    """Hold an exclusive lock on ``lock_path`` (local or NFS data dirs) while a corpus is built."""
-    if "://" in str(lock_path):  # a bucket (gs://…): no file locks there
+def _preparing(path: pathlib.Path | None):
+    """Hold an exclusive lock on ``path`` (local or NFS data dirs; None: none) while a corpus is
+    built."""
+    if path is None:
         yield
         return
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
