@@ -1,0 +1,144 @@
+"""``attend``: relative attention through the Pallas kernels, differentiable.
+
+The terms a scheme adds come as tables by distance ``d = q_pos − k_pos`` (ascending, rows
+``0 … R − 1``), which is what every Toeplitz scheme is:
+
+* ``logit_rows [N or 1, R, H]`` with the query side ``a [B, T, N, H]`` (in logit units):
+  ``a_i · w_{d}`` (Transformer-XL's ``(q + v)·W_R·R``, Shaw's ``q·a^K``);
+* ``bias_rows [N, R]``: ``b_{n, d}`` after scaling (T5's buckets, ALiBi, KERPLE);
+* ``value_rows [N or 1, R, H]``: ``Σ_j p_ij w_{d_ij}`` added to the output (Shaw's values).
+
+Gradients reach q, k, v, ``a`` and the three tables (float32; the scheme's parameters are one
+``jax.vjp`` of the tables away). Positions are contiguous (the model's windows): query i and key j
+are ``offset + i − j`` apart, ``offset = K − T`` the memory. Query i may attend key j iff
+``key_valid[j]`` and ``0 ≤ d ≤ max_distance`` (None: no limit). Dropout (``dropatt``, ``seed``) is
+``skew.keep``'s hash of (seed, row, query, key), the same forward and backward.
+
+Legend: B batch, T queries, K = M + T keys, N heads, H head dim, R distances, S block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from relpos_jax.attention.kernel import backward, forward
+from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, Spec
+from relpos_jax.attention.kernel.skew import BACKENDS
+
+DEFAULT_BLOCK = {"triton": 64, "mosaic": 128}
+
+
+def backend_of(platform: str | None = None) -> str | None:
+    """The kernel backend of a JAX platform (default: the default backend's): triton on GPU, mosaic
+    on TPU, None elsewhere."""
+    platform = platform or jax.default_backend()
+    return {"gpu": "triton", "cuda": "triton", "rocm": "triton", "tpu": "mosaic"}.get(platform)
+
+
+def supports(head_dim: int, block: int) -> bool:
+    """Whether the kernels take these sizes: powers of two of at least 16 (Triton's products)."""
+    power = lambda x: x >= 16 and x & (x - 1) == 0  # noqa: E731
+    return power(head_dim) and power(block)
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    key_valid: jax.Array,
+    scale: float,
+    a: jax.Array | None = None,
+    logit_rows: jax.Array | None = None,
+    bias_rows: jax.Array | None = None,
+    value_rows: jax.Array | None = None,
+    max_distance: int | None = None,
+    dropatt: float = 0.0,
+    seed: jax.Array | None = None,
+    block: int | None = None,
+    backend: str | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Attention output ``[B, T, N, H]`` in q's dtype (see the module docstring)."""
+    batch, q_len, heads, head_dim = q.shape
+    k_len = k.shape[1]
+    backend = backend or backend_of()
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"kernel attention: no Pallas backend on {jax.default_backend()!r}; use a GPU or TPU, "
+            "or interpret=True with backend='triton' or 'mosaic'"
+        )
+    block = block or DEFAULT_BLOCK[backend]
+    if not supports(head_dim, block):
+        raise ValueError(
+            f"kernel attention: head_dim={head_dim} and block={block} must be powers of two ≥ 16"
+        )
+    if (a is None) != (logit_rows is None):
+        raise ValueError("kernel attention: a and logit_rows come together")
+    if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):
+        raise ValueError(f"kernel attention: dropatt={dropatt} must be in [0, 1), with a seed")
+    tables = [x for x in (logit_rows, bias_rows, value_rows) if x is not None]
+    distances = max([x.shape[1] for x in tables], default=1)
+    q_blocks, k_blocks = -(-q_len // block), -(-k_len // block)
+    spec = Spec(
+        backend, block, k_len - q_len, float(scale), max_distance, float(dropatt),
+        logit_rows is not None, bias_rows is not None, value_rows is not None, distances, batch,
+        heads, q_blocks, k_blocks, interpret,
+    )  # fmt: skip
+    heads_first = lambda x, length: _pad(x, length, axis=1).transpose(0, 2, 1, 3)  # noqa: E731
+    q_p, k_p, v_p = (heads_first(x, n * block) for x, n in ((q, q_blocks), (k, k_blocks),
+                                                            (v, k_blocks)))  # fmt: skip
+    a_p = None if a is None else heads_first(a, q_blocks * block)
+    valid = _pad(jnp.asarray(key_valid, jnp.int32), k_blocks * block, axis=0)[None]
+    if bias_rows is not None:  # the bias in lane 0 of a band of width BIAS_WIDTH
+        bias_rows = jnp.pad(bias_rows.astype(F32)[..., None], ((0, 0), (0, 0), (0, BIAS_WIDTH - 1)))
+    rows, bias, vrows = (
+        None if x is None else _descending(x, distances, block)
+        for x in (logit_rows, bias_rows, value_rows)
+    )
+    seed = jnp.zeros((1, 1), jnp.int32) if seed is None else jnp.asarray(seed, jnp.int32).reshape(1, 1)
+    out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, valid, seed)
+    return out[:, :, :q_len].transpose(0, 2, 1, 3)
+
+
+def _pad(x: jax.Array, length: int, axis: int) -> jax.Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _descending(table: jax.Array, distances: int, block: int) -> jax.Array:
+    """``[Nt, R, C]`` ascending -> ``[Nt, R + 4S, C]`` float32, row x holding distance
+    ``R − 1 + 2S − x`` (zeros beyond the table: they feed only masked pairs)."""
+    table = _pad(table.astype(F32), distances, axis=1)[:, ::-1]
+    return jnp.pad(table, ((0, 0), (2 * block, 2 * block), (0, 0)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(spec: Spec, q, a, k, v, rows, bias, vrows, valid, seed):
+    return forward.call(spec, q, a, k, v, valid, rows, bias, vrows, seed)[0]
+
+
+def _attend_fwd(spec: Spec, q, a, k, v, rows, bias, vrows, valid, seed):
+    out, lse = forward.call(spec, q, a, k, v, valid, rows, bias, vrows, seed)
+    return out, (q, a, k, v, rows, bias, vrows, valid, seed, out, lse)
+
+
+def _attend_bwd(spec: Spec, residuals, d_out):
+    q, a, k, v, rows, bias, vrows, valid, seed, out, lse = residuals
+    d_out = d_out.astype(q.dtype)
+    d_rows_sum = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1, keepdims=True)
+    dq, da, dk, dv, d_rows, d_bias, d_vrows = backward.call(
+        spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_rows_sum
+    )
+    like = lambda g, x: None if x is None else g.astype(x.dtype)  # noqa: E731
+    return (
+        like(dq, q), like(da, a), like(dk, k), like(dv, v), like(d_rows, rows),
+        like(d_bias, bias), like(d_vrows, vrows), None, None,
+    )  # fmt: skip
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)

@@ -1,0 +1,132 @@
+"""What the forward and backward kernels share: the static spec of a call, the scoring of one
+tile (content product, Toeplitz terms through ``skew``, the mask, dropout) and the ranges of tiles
+a block visits.
+
+Inside a kernel the window is laid out ``[S, H]`` per block: S queries or keys of one batch row
+and head. Query i and key j (indices in the padded segment and window) are ``offset + i − j``
+apart (contiguous positions: the model's windows, with ``offset`` = memory). The per-distance
+tables arrive descending and padded (``rows``): row x holds distance ``top − x``, ``top = R − 1 +
+2S``, so that a tile at offset ``δ`` reads the ``2S`` rows from ``x0 = R − 1 + S − δ``, the
+distances ``δ + S`` down to ``δ − S + 1`` (``skew``'s columns).
+
+Legend: S block size (queries and keys), H head dim, R distances a table covers, W bias width.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from relpos_jax.attention.kernel import skew as skew_lib
+
+F32 = jnp.float32
+NEG = float(jnp.finfo(F32).min)
+BIAS_WIDTH = 16  # a bias table's rows: the bias in lane 0 (the narrowest product Triton takes)
+
+
+class Spec(NamedTuple):
+    """The static part of one kernel call."""
+
+    backend: str  # "triton" or "mosaic"
+    block: int  # S
+    offset: int  # query index − key index at distance 0 (the memory length)
+    scale: float
+    max_distance: int | None  # same_length: keys at most this far back
+    rate: float  # attention dropout
+    band: bool  # a logit table with a query side: a_i · w_{i−j} (txl, Shaw's keys)
+    bias: bool  # a bias table b_{i−j} per head (T5, ALiBi, KERPLE)
+    values: bool  # a value table: Σ_j p_ij w_{i−j} (Shaw's values)
+    distances: int  # R
+    batch: int
+    heads: int
+    q_blocks: int
+    k_blocks: int
+    interpret: bool = False
+
+
+def dot(x, y):
+    """``[M, C] · [C, N]`` -> ``[M, N]`` float32."""
+    return jax.lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=F32)
+
+
+def dot_nt(x, y):
+    """``[M, C] · [N, C]ᵀ`` -> ``[M, N]`` float32."""
+    return jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=F32)
+
+
+def dot_tn(x, y):
+    """``[C, M]ᵀ · [C, N]`` -> ``[M, N]`` float32."""
+    return dot(jnp.transpose(x), y)
+
+
+def first_row(spec: Spec, delta):
+    """The first of the 2S table rows of a tile at offset ``δ``."""
+    return jnp.clip(spec.distances - 1 + spec.block - delta, 0, spec.distances + 2 * spec.block)
+
+
+def unit_query(spec: Spec) -> jax.Array:
+    """``[S, W]``: 1 in lane 0, the query side that reads a bias table as a band."""
+    lanes = jax.lax.broadcasted_iota(jnp.int32, (spec.block, BIAS_WIDTH), 1)
+    return (lanes == 0).astype(F32)
+
+
+def rows_of(ref, x0, size: int):
+    return ref[pl.ds(x0, 2 * size), :]
+
+
+def logits(spec: Spec, skew: skew_lib.Skew, q, a, k, rows_ref, bias_ref, delta):
+    """``[S, S]`` float32 logits of a tile at offset ``δ`` (before the mask)."""
+    s = spec.scale * dot_nt(q, k)
+    x0 = first_row(spec, delta)
+    if spec.band:
+        s = s + skew.band(dot_nt(a, rows_of(rows_ref, x0, spec.block).astype(a.dtype)))
+    if spec.bias:
+        s = s + skew.band(dot_nt(unit_query(spec), rows_of(bias_ref, x0, spec.block)))
+    return s
+
+
+def distance(spec: Spec, delta) -> jax.Array:
+    """``[S, S]``: ``δ + i − j``."""
+    shape = (spec.block, spec.block)
+    i = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    j = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return delta + i - j
+
+
+def allowed(spec: Spec, delta, valid_row) -> jax.Array:
+    """``[S, S]`` bool: causal, within same_length's reach, and a valid key (``valid_row [1, S]``)."""
+    d = distance(spec, delta)
+    ok = (d >= 0) & (valid_row != 0)
+    if spec.max_distance is not None:
+        ok = ok & (d <= spec.max_distance)
+    return ok
+
+
+def kept(spec: Spec, seed, row, q_block, k_block) -> jax.Array:
+    """``[S, S]`` bool: the weights dropout keeps in tile (q_block, k_block) of ``row = b·N + n``."""
+    shape = (spec.block, spec.block)
+    queries = q_block * spec.block + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    keys = k_block * spec.block + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return skew_lib.keep(seed, row, queries, keys, spec.rate)
+
+
+def key_range(spec: Spec, i):
+    """The key blocks ``[lo, hi)`` query block i may attend (causal; same_length's reach)."""
+    s = spec.block
+    hi = jnp.minimum(spec.k_blocks, (spec.offset + i * s + s - 1) // s + 1)
+    if spec.max_distance is None:
+        return jnp.int32(0), hi
+    return jnp.maximum(spec.offset + i * s - spec.max_distance, 0) // s, hi
+
+
+def query_range(spec: Spec, t):
+    """The query blocks ``[lo, hi)`` that may attend key block t."""
+    s = spec.block
+    lo = jnp.maximum(t * s - spec.offset, 0) // s
+    if spec.max_distance is None:
+        return lo, jnp.int32(spec.q_blocks)
+    last = t * s + s - 1 + spec.max_distance - spec.offset  # the last query index in reach
+    return lo, jnp.minimum(spec.q_blocks, (jnp.maximum(last, -1) + s) // s)

@@ -1,0 +1,57 @@
+"""``pallas_call`` for either backend: block specs of the whole-array and per-head inputs, Triton's
+scratch buffer, and each backend's compiler parameters."""
+
+from __future__ import annotations
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+
+from relpos_jax.attention.kernel.common import F32, Spec
+
+
+def whole(shape) -> pl.BlockSpec:
+    """The whole array in every program."""
+    return pl.BlockSpec(tuple(shape), lambda *_: (0,) * len(shape))
+
+
+def per_head(x: jax.Array, heads: int) -> bool:
+    """Whether a table ``[N or 1, Rp, C]`` has rows per head (else the heads share them)."""
+    return x.shape[0] == heads and heads > 1
+
+
+def table(x: jax.Array, heads: int, head_axis: int) -> pl.BlockSpec:
+    """A per-distance table ``[N or 1, Rp, C]``: its head's rows (all heads share one of 1)."""
+    own = per_head(x, heads)
+
+    def index(*grid):
+        return (grid[head_axis] if own else 0, 0, 0)
+
+    return pl.BlockSpec((None, *x.shape[1:]), index)
+
+
+def scratch(spec: Spec, grid: tuple[int, ...]):
+    """Triton's per-program ``[S, 2S]`` float32 buffer for the relative shift (``skew``)."""
+    s = spec.block
+    shape = (*grid, s, 2 * s)
+    block = pl.BlockSpec((None,) * len(grid) + (s, 2 * s), lambda *g: (*g, 0, 0))
+    return jax.ShapeDtypeStruct(shape, F32), block
+
+
+def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None):
+    """Run ``kernel`` over ``grid``; ``outputs`` are (shape, block spec) pairs."""
+    if spec.backend == "triton":
+        params = pltriton.CompilerParams(num_warps=4, num_stages=2)
+    else:  # the per-distance gradients accumulate across the grid: every axis in order
+        params = pltpu.CompilerParams(dimension_semantics=("arbitrary",) * len(grid))
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=[block for _, block in outputs],
+        out_shape=[shape for shape, _ in outputs],
+        input_output_aliases=aliases or {},
+        compiler_params=params,
+        interpret=spec.interpret,
+    )(*inputs)
