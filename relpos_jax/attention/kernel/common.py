@@ -113,20 +113,26 @@ def kept(spec: Spec, seed, row, q_block, k_block) -> jax.Array:
     return skew_lib.keep(seed, row, queries, keys, spec.rate)
 
 
+def _div(x, size: int):
+    """``x // size`` of a non-negative traced int (truncating: no sign, which Mosaic lowers only
+    for a known TPU)."""
+    return jax.lax.div(x, jnp.int32(size))
+
+
 def key_range(spec: Spec, i):
     """The key blocks ``[lo, hi)`` query block i may attend (causal; same_length's reach)."""
     s = spec.block
-    hi = jnp.minimum(spec.k_blocks, (spec.offset + i * s + s - 1) // s + 1)
+    hi = jnp.minimum(spec.k_blocks, _div(spec.offset + i * s + s - 1, s) + 1)
     if spec.max_distance is None:
         return jnp.int32(0), hi
-    return jnp.maximum(spec.offset + i * s - spec.max_distance, 0) // s, hi
+    return _div(jnp.maximum(spec.offset + i * s - spec.max_distance, 0), s), hi
 
 
 def query_range(spec: Spec, t):
     """The query blocks ``[lo, hi)`` that may attend key block t."""
     s = spec.block
-    lo = jnp.maximum(t * s - spec.offset, 0) // s
+    lo = _div(jnp.maximum(t * s - spec.offset, 0), s)
     if spec.max_distance is None:
         return lo, jnp.int32(spec.q_blocks)
     last = t * s + s - 1 + spec.max_distance - spec.offset  # the last query index in reach
-    return lo, jnp.minimum(spec.q_blocks, (jnp.maximum(last, -1) + s) // s)
+    return lo, jnp.minimum(spec.q_blocks, _div(jnp.maximum(last, -1) + s, s))
