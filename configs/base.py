@@ -48,11 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
     m.deberta_bucket_size = 256
     m.deberta_max_position = 512
     m.dtype = "float32"  # compute dtype: float32 | bfloat16 (parameters stay float32)
-    m.attention_impl = (
-        "dense"  # dense: the [T, K] logits at once | tiled: key tiles, online softmax
-    )
+    # dense: the [T, K] logits at once | tiled: key tiles, online softmax | kernel: the Pallas
+    # kernels (GPU, TPU; interpreted on a CPU) | auto: kernel on GPU/TPU, else dense or tiled by length
+    m.attention_impl = "dense"
     m.key_tile = 512  # tiled: keys per tile
     m.query_tile = 512  # tiled: queries per tile (a layer holds query_tile·key_tile logits a head)
+    m.kernel_block = 0  # kernel: queries and keys per block (0: 64 on GPU, 128 on TPU)
 
     c.data = d = ml_collections.ConfigDict()
     d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | wikitext103 | tfds:<name>

@@ -27,7 +27,7 @@ from relpos_jax.errors import ConfigError, fail  # ConfigError: also imported fr
 
 POSITIONS = schemes.names()  # every registered scheme
 RELATIVE_POSITIONS = tuple(name for name in POSITIONS if schemes.get(name).relative)
-ATTENTION_IMPLS = ("dense", "tiled")
+ATTENTION_IMPLS = ("dense", "tiled", "kernel", "auto")
 
 
 def load_config(
@@ -184,6 +184,7 @@ class ModelConfig(_Section):
     attention_impl: str
     key_tile: int
     query_tile: int
+    kernel_block: int
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
@@ -192,6 +193,14 @@ class ModelConfig(_Section):
             fail("model.attention_impl", self.attention_impl, f"use {' or '.join(ATTENTION_IMPLS)}")
         _at_least("model.key_tile", self.key_tile, 1)
         _at_least("model.query_tile", self.query_tile, 1)
+        if self.kernel_block and (
+            self.kernel_block < 16 or self.kernel_block & (self.kernel_block - 1)
+        ):
+            fail(
+                "model.kernel_block",
+                self.kernel_block,
+                "use 0 (the backend's) or a power of two ≥ 16",
+            )
         schemes.get(self.position)  # an unknown name lists the registered schemes
         for name in (
             "vocab_size",

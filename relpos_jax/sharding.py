@@ -141,7 +141,7 @@ def check_context(mesh: jax.sharding.Mesh, attention_impl: str, **lengths: int) 
     blocks = mesh.shape[CONTEXT]
     if blocks == 1:
         return
-    if attention_impl != "tiled":
+    if attention_impl == "dense":  # (auto and kernel run the tiled path on a split segment)
         fail(
             "mesh.context", blocks, "context parallelism needs --config.model.attention_impl=tiled"
         )

@@ -23,7 +23,7 @@ from flax import nnx
 from relpos_jax import schemes
 from relpos_jax.attention import band as band_term
 from relpos_jax.attention import context as context_parallel
-from relpos_jax.attention import tile, tiled
+from relpos_jax.attention import fused, tile, tiled
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import Dropout
@@ -175,7 +175,12 @@ class Attention(nnx.Module):
 
     def _attend(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
         dtype = q.dtype
-        if self.config.attention_impl == "tiled":
+        split = context_parallel.splits(q.shape[1], k.shape[1])
+        impl = fused.path(self.config, k.shape[-1 if self.kv_layout == "bnhk" else 1], ctx.mask,
+                          split)  # fmt: skip
+        if impl == "kernel":
+            out = self._fused(q, k, v, ctx, deterministic)
+        elif impl == "tiled":
             out = self._tiled(q, k, v, ctx, deterministic)
         else:
             context = self._context(ctx, dtype)  # once: the logits and the value side
@@ -186,6 +191,14 @@ class Attention(nnx.Module):
             if value_term is not None:
                 out = out + value_term
         return precision.einsum("bqnh,nhd->bqd", out, self.w_o[...].astype(dtype))
+
+    def _fused(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
+        """``attention.fused``: the Pallas kernels, the scheme's terms as tables by distance."""
+        if self.kv_layout == "bnhk":  # [B, K, N, H]
+            k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
+        rate = 0.0 if deterministic else self.dropatt.rate
+        key = self.dropatt.next_key() if rate else None
+        return fused.attend(self, q, k, v, ctx, self._context(ctx, q.dtype), rate, key)
 
     def _tiled(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
         """``attention.tiled.attend`` over tiles of ``query_tile`` queries by ``key_tile`` keys:

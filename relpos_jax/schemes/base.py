@@ -18,6 +18,11 @@ hook                  what it gives, and who uses it
                       (txl: ``q + v``)
 ``band_rows``         its rows ``w`` by distance (txl: ``W_R·R``): the tiled path scores each
                       distance once (``attention.band``); ``score_term`` gives the dense window's
+``distance_tables``   a score or value term as tables by distance for the fused kernels
+                      (``attention.kernel``), where the band and bias hooks do not give them
+                      (shaw: its key and value tables)
+``fused``             whether the kernels can run the scheme (False: DeBERTa, FIRE; the tiled
+                      path runs them)
 ====================  =========================================================================
 
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
@@ -83,6 +88,7 @@ class Scheme:
     relative: ClassVar[bool] = True  # what it adds depends on q_pos − k_pos only
     kv_layout: ClassVar[str] = "bnhk"  # keys/values [B, N, H, K]; "bknh" for row gathers
     content_carries_positions: ClassVar[bool] = False  # rope: positions act inside q·k itself
+    fused: ClassVar[bool] = True  # its terms are tables by distance: the kernels run it
 
     def validate(self, cfg: Any) -> None:
         """Refuse config values this scheme cannot use, in one line (``config.fail``)."""
@@ -134,6 +140,13 @@ class Scheme:
 
     def bias(self, attention: Any, tile: Tile, context: Any) -> jax.Array | None:
         return None
+
+    def distance_tables(self, attention: Any, context: Any, count: int) -> dict[str, jax.Array]:
+        """Tables by distance ``0 … count − 1``, ``[N or 1, count, H]`` (1: shared by the heads):
+        ``"key_rows"`` scored against the query inside the scaled product (``q_i·w_d``), and
+        ``"value_rows"`` added to the output (``Σ_j p_ij w_d``). Only for terms the band and bias
+        hooks do not give."""
+        return {}
 
     def value_term(
         self, attention: Any, weights_BNIJ: jax.Array, tile: Tile, context: Any

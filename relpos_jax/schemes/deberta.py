@@ -20,6 +20,7 @@ from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 class DeBERTa(Scheme):
     name = "deberta"
     kv_layout = "bknh"  # keys gathered by row: the window's order
+    fused = False  # position-to-content reads the keys by distance: the tiled path runs it
 
     def validate(self, cfg: Any) -> None:
         if (

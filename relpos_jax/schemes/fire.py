@@ -30,6 +30,7 @@ INIT_C, INIT_L = 0.1, 512.0
 class Fire(Scheme):
     name = "fire"
     relative = False  # the normaliser depends on the query's own position
+    fused = False  # not a table by distance: the tiled path runs it
 
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
         n, std = cfg.n_heads, cfg.init_std

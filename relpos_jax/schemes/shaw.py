@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+
 from relpos_jax import positions as P
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
@@ -26,6 +28,14 @@ class Shaw(Scheme):
     def score_term(self, attention, q_BINH, k, tile: Tile, context):
         table = attention.table_k[...].astype(q_BINH.dtype)
         return P.shaw_key_logits(q_BINH, table, tile.q_pos, tile.k_pos)
+
+    def distance_tables(self, attention, context, count: int):
+        """Both tables' rows for distances ``0 … count − 1`` (clipped at k), shared by the heads."""
+        index = P.shaw_index(jnp.arange(count), attention.config.shaw_max_distance)
+        return {
+            "key_rows": attention.table_k[...][index][None],
+            "value_rows": attention.table_v[...][index][None],
+        }
 
     def value_term(self, attention, weights_BNIJ, tile: Tile, context):
         table = attention.table_v[...].astype(weights_BNIJ.dtype)

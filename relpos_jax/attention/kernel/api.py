@@ -99,7 +99,9 @@ def attend(
         None if x is None else _descending(x, distances, block)
         for x in (logit_rows, bias_rows, value_rows)
     )
-    seed = jnp.zeros((1, 1), jnp.int32) if seed is None else jnp.asarray(seed, jnp.int32).reshape(1, 1)
+    seed = (
+        jnp.zeros((1, 1), jnp.int32) if seed is None else jnp.asarray(seed, jnp.int32).reshape(1, 1)
+    )
     out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, valid, seed)
     return out[:, :, :q_len].transpose(0, 2, 1, 3)
 

@@ -163,7 +163,9 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_r
         inputs, specs = [*inputs, a], [*specs, whole(a)]
     inputs += [k, v, valid]
     specs += [whole(k), whole(v), launch.whole(valid.shape)]
-    tables = [x for there, x in ((spec.band, rows), (spec.bias, bias), (spec.values, vrows)) if there]
+    tables = [
+        x for there, x in ((spec.band, rows), (spec.bias, bias), (spec.values, vrows)) if there
+    ]
     inputs += tables
     specs += [launch.table(x, heads, head_axis=0) for x in tables]
     inputs += [seed, d_out, lse, d_rows_sum]

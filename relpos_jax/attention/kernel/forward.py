@@ -23,7 +23,11 @@ def _unpack(spec: Spec, refs):
     names = {}
     names["q"], names["a"] = refs.pop(0), take(spec.band)
     names["k"], names["v"], names["valid"] = refs.pop(0), refs.pop(0), refs.pop(0)
-    names["rows"], names["bias"], names["vrows"] = take(spec.band), take(spec.bias), take(spec.values)
+    names["rows"], names["bias"], names["vrows"] = (
+        take(spec.band),
+        take(spec.bias),
+        take(spec.values),
+    )
     names["seed"], names["out"], names["lse"] = refs.pop(0), refs.pop(0), refs.pop(0)
     names["scratch"] = take(spec.backend == "triton")
     return names

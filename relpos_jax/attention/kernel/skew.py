@@ -89,5 +89,5 @@ def keep(seed, row, queries: jax.Array, keys: jax.Array, rate: float) -> jax.Arr
     h = _mix(u32(seed) ^ _mix(u32(row) + jnp.uint32(0x9E3779B9)))
     h = _mix(h ^ u32(queries) * jnp.uint32(0x85EBCA6B))
     h = _mix(h ^ u32(keys) * jnp.uint32(0xC2B2AE35))
-    threshold = min(int(round(rate * 2.0**32)), 2**32 - 1)
+    threshold = min(round(rate * 2.0**32), 2**32 - 1)
     return h >= jnp.uint32(threshold)

@@ -1,0 +1,101 @@
+"""The model's attention through the Pallas kernels (``attention.kernel``): a scheme's hooks as
+tables by distance, and which path a call takes (``model.attention_impl``).
+
+Every scheme whose terms depend on the distance alone is a set of tables by distance, built once
+per layer and call (linear in K) from the hooks the dense and tiled paths use:
+
+* the band hooks (``band_query``, ``band_rows``: Transformer-XL's ``(q + v)·W_R·R``) give the
+  query side ``a`` and the logit rows;
+* ``distance_tables`` gives what those do not (Shaw's key and value tables);
+* a relative scheme's ``bias`` (T5, ALiBi, KERPLE), evaluated for one query against the window,
+  gives the bias by distance;
+* ``content_query`` (txl's ``q + u``) and ``rotate`` (RoPE, before any path) act on q and k.
+
+DeBERTa and FIRE (``Scheme.fused = False``), an explicit ``mask``, and a segment split over the
+``context`` axis run the tiled path instead. ``auto`` takes the kernels on a GPU or TPU, and on a
+CPU the dense path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
+matters and its time is no worse: ``docs/benchmarks.md``). ``kernel`` on a CPU runs the kernels in
+Pallas' interpreter (exact and slow: for tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from relpos_jax import schemes
+from relpos_jax.attention import kernel
+from relpos_jax.schemes import Tile
+
+DENSE_KEYS = 4096  # auto on a CPU: dense up to this window, tiled beyond
+INTERPRET_BACKEND = "triton"  # which kernel variant a CPU interprets
+
+
+def _overrides(scheme: schemes.Scheme, hook: str) -> bool:
+    return getattr(type(scheme), hook) is not getattr(schemes.Scheme, hook)
+
+
+def block(cfg: Any) -> int:
+    """Queries and keys per kernel block: ``model.kernel_block``, or the backend's default."""
+    backend = kernel.backend_of() or INTERPRET_BACKEND
+    return cfg.kernel_block or kernel.api.DEFAULT_BLOCK[backend]
+
+
+def fusable(cfg: Any) -> bool:
+    """Whether the kernels can run this model's attention (scheme and sizes)."""
+    return schemes.get(cfg.position).fused and kernel.supports(cfg.head_dim, block(cfg))
+
+
+def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
+    """``dense``, ``tiled`` or ``kernel``: what ``model.attention_impl`` means for this call."""
+    impl = cfg.attention_impl
+    if impl in ("dense", "tiled"):
+        return impl
+    if mask is None and not split and fusable(cfg):
+        if impl == "kernel" or kernel.backend_of() is not None:
+            return "kernel"
+    if impl == "kernel" or split or k_len > DENSE_KEYS:
+        return "tiled"
+    return "dense"
+
+
+def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[str, Any]:
+    """The kernel's inputs beyond k and v: the content query ``q`` and the tables by distance
+    ``0 … K − 1`` (``kernel.attend``'s ``a``, ``logit_rows``, ``bias_rows``, ``value_rows``)."""
+    scheme, scale = attention.scheme, attention.scale
+    count = ctx.k_pos.shape[0]
+    out = {"q": scheme.content_query(attention, q_BTNH, context)}
+    if _overrides(scheme, "band_rows"):  # rows for distances count − 1 down: ascending, heads first
+        rows = scheme.band_rows(attention, context, count - 1, count)
+        out["a"] = scheme.band_query(attention, q_BTNH, context) * jnp.asarray(scale, q_BTNH.dtype)
+        out["logit_rows"] = jnp.transpose(rows[::-1], (1, 0, 2))
+    extra = scheme.distance_tables(attention, context, count)
+    if "key_rows" in extra:
+        out["a"] = q_BTNH * jnp.asarray(scale, q_BTNH.dtype)
+        out["logit_rows"] = extra["key_rows"]
+    if "value_rows" in extra:
+        out["value_rows"] = extra["value_rows"]
+    if _overrides(scheme, "bias"):  # the last position against the window: distances K − 1 … 0
+        bias = scheme.bias(attention, Tile(ctx.k_pos[-1:], ctx.k_pos, count - 1, 0), context)
+        out["bias_rows"] = jnp.broadcast_to(bias, (attention.config.n_heads, 1, count))[:, 0, ::-1]
+    return out
+
+
+def seed(key: jax.Array) -> jax.Array:
+    """The dropout hash's int32 seed from a layer's key."""
+    return jax.lax.bitcast_convert_type(jax.random.bits(key, (), jnp.uint32), jnp.int32)
+
+
+def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: float, key):
+    """Attention output ``[B, T, N, H]`` of one layer through the kernels."""
+    terms = tables(attention, q, ctx, context)
+    valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k_BKNH.shape[1], bool)
+    backend = kernel.backend_of()
+    return kernel.attend(
+        terms.pop("q"), k_BKNH, v_BKNH, key_valid=valid, scale=attention.scale,
+        max_distance=attention._max_distance(ctx), dropatt=rate,
+        seed=None if not rate else seed(key), block=block(attention.config),
+        backend=backend or INTERPRET_BACKEND, interpret=backend is None, **terms,
+    )  # fmt: skip

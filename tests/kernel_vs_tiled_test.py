@@ -1,0 +1,101 @@
+"""``model.attention_impl="kernel"`` equals the tiled path through the whole model for every scheme
+the kernels run, on both kernel variants (Triton and Mosaic, in Pallas' interpreter): logits and
+the gradient of every parameter, with a full, a partly valid and an empty memory, and with
+same_length and clamp_len; DeBERTa and FIRE fall back to the tiled path. The kernels against a
+float64 reference are ``kernel_vs_reference_test.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos_jax import ConfigError, TransformerLM, schemes
+from relpos_jax.attention import fused
+from relpos_jax.config import POSITIONS
+from relpos_jax.evaluate import with_config
+
+MEM, SEG = 13, 20  # window 33: blocks of 16 give 2 query blocks and 3 key blocks
+FUSED = [p for p in POSITIONS if schemes.get(p).fused]
+
+
+def _pair(position, **overrides):
+    config = dict(
+        position=position, n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=MEM, dropout=0.0,
+        init_std=0.1, t5_max_distance=12, t5_num_buckets=8, shaw_max_distance=3, kernel_block=16,
+        deberta_bucket_size=4, deberta_max_position=16, **overrides,
+    )  # fmt: skip
+    tiled = TransformerLM(dict(config, attention_impl="tiled", key_tile=5, query_tile=3),
+                          rngs=nnx.Rngs(0))  # fmt: skip
+    return tiled, with_config(tiled, dataclasses.replace(tiled.config, attention_impl="kernel"))
+
+
+@nnx.jit
+def _logits_and_gradients(model, tokens, mems):
+    loss = lambda model: (model(tokens, mems)[0] ** 2).mean()  # noqa: E731
+    return model(tokens, mems)[0], nnx.grad(loss)(model)
+
+
+def _memories(model, tokens):
+    full = nnx.jit(lambda m, t: m(t, m.init_mems(t.shape[0]))[1])(model, tokens)
+    return {
+        f"{n} valid": full._replace(valid=jnp.asarray(n, full.valid.dtype)) for n in (MEM, 4, 0)
+    }
+
+
+def _compare(tiled, kernel, tokens, case):
+    for name, mems in _memories(tiled, tokens).items():
+        (want_logits, want), (got_logits, got) = (
+            _logits_and_gradients(m, tokens, mems) for m in (tiled, kernel)
+        )
+        np.testing.assert_allclose(got_logits, want_logits, rtol=2e-5, atol=2e-5,
+                                   err_msg=f"{case}, {name}")  # fmt: skip
+        largest = max(float(jnp.abs(a).max()) for a in jax.tree.leaves(want))
+        got = dict(jax.tree.leaves_with_path(got))
+        for path, a in jax.tree.leaves_with_path(want):
+            scale = max(float(jnp.abs(a).max()), 1e-3 * largest)
+            np.testing.assert_allclose(got[path] / scale, a / scale, atol=1e-4,
+                                       err_msg=f"{case}, {name}: {jax.tree_util.keystr(path)}")  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic"])
+@pytest.mark.parametrize("position", FUSED)
+def test_kernel_equals_tiled_with_memory(position, backend, monkeypatch):
+    monkeypatch.setattr(fused, "INTERPRET_BACKEND", backend)
+    tiled, kernel = _pair(position)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, SEG), 0, 256)
+    _compare(tiled, kernel, tokens, f"{position} on {backend}")
+
+
+@pytest.mark.parametrize("position", ["txl", "shaw", "t5"])
+def test_kernel_equals_tiled_with_same_length_and_clamp_len(position):
+    tiled, kernel = _pair(position, same_length=True, clamp_len=6)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, SEG), 0, 256)
+    _compare(tiled, kernel, tokens, f"{position}, same_length")
+
+
+@pytest.mark.parametrize("position", [p for p in POSITIONS if p not in FUSED])
+def test_schemes_the_kernels_do_not_run_take_the_tiled_path(position):
+    tiled, kernel = _pair(position)
+    assert fused.path(kernel.config, MEM + SEG, None, False) == "tiled"
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, SEG), 0, 256)
+    mems = tiled.init_mems(2)
+    np.testing.assert_allclose(kernel(tokens, mems)[0], tiled(tokens, mems)[0], atol=1e-6)
+
+
+def test_auto_takes_dense_then_tiled_by_length_on_a_cpu():
+    tiled, _ = _pair("txl")
+    auto = dataclasses.replace(tiled.config, attention_impl="auto")
+    assert fused.path(auto, fused.DENSE_KEYS, None, False) == "dense"
+    assert fused.path(auto, fused.DENSE_KEYS + 1, None, False) == "tiled"
+    assert fused.path(auto, 64, None, True) == "tiled"  # a segment split over devices
+
+
+def test_a_bad_kernel_block_is_refused_in_one_line():
+    for value in (8, 48):
+        with pytest.raises(ConfigError, match=r"^model\.kernel_block=.* is invalid; [^\n]+$"):
+            TransformerLM(dict(position="txl", kernel_block=value), rngs=nnx.Rngs(0))
