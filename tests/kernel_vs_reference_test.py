@@ -1,7 +1,8 @@
 """The Pallas kernels (``attention.kernel``), both variants in Pallas' interpreter, against a
 float64 reference built from the formulas: the output and the gradients of q, k, v, the band query
 and every table by distance, with memory, invalid keys, same_length and dropout, over several
-blocks (segment 40, memory 24, blocks of 16: 3 query blocks and 4 key blocks)."""
+blocks (segment 40, memory 24, blocks of 16: 3 query blocks and 4 key blocks). On a GPU or TPU
+the compiled kernel of its backend runs the same tests (``bench/gpu.sh`` runs this file first)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from relpos_jax.attention import kernel
 from relpos_jax.attention.kernel import skew
 
 B, T, M, N, H = 2, 40, 24, 2, 16
+# (backend, interpreted): both variants in the interpreter; compiled too on a GPU or TPU
+DEVICE = kernel.backend_of()
+VARIANTS = [("triton", True), ("mosaic", True)] + ([(DEVICE, False)] if DEVICE else [])
+NAMES = [
+    f"{backend}-{'interpreted' if interpret else 'compiled'}" for backend, interpret in VARIANTS
+]
 K, SCALE = M + T, 0.25
 DIFFERENTIABLE = ("a", "logit_rows", "bias_rows", "value_rows")
 
@@ -79,15 +86,15 @@ def _loss(out):
     return (out * jnp.cos(jnp.arange(H))).sum()
 
 
-@pytest.mark.parametrize("backend", ["triton", "mosaic"])
+@pytest.mark.parametrize(("backend", "interpret"), VARIANTS, ids=NAMES)
 @pytest.mark.parametrize("case", CASES)
-def test_kernel_equals_the_float64_reference(case, backend, x64):
+def test_kernel_equals_the_float64_reference(case, backend, interpret, x64):
     arrays, valid, options = _inputs(CASES[case])
 
     def run_kernel(arrays):
         f32 = {name: x.astype(jnp.float32) for name, x in arrays.items()}
         return kernel.attend(**f32, key_valid=valid, scale=SCALE, block=16, backend=backend,
-                             interpret=True, **options)  # fmt: skip
+                             interpret=interpret, **options)  # fmt: skip
 
     def run_reference(arrays):
         return _reference(**arrays, valid=valid, **options)
@@ -100,12 +107,12 @@ def test_kernel_equals_the_float64_reference(case, backend, x64):
         np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("backend", ["triton", "mosaic"])
-def test_bfloat16_inputs_accumulate_in_float32(backend):
+@pytest.mark.parametrize(("backend", "interpret"), VARIANTS, ids=NAMES)
+def test_bfloat16_inputs_accumulate_in_float32(backend, interpret):
     arrays, valid, _ = _inputs({"band", "bias", "values"})
     bf16 = {name: jnp.asarray(x, jnp.bfloat16) for name, x in arrays.items()}
     out = kernel.attend(**bf16, key_valid=valid, scale=SCALE, block=16, backend=backend,
-                        interpret=True)  # fmt: skip
+                        interpret=interpret)  # fmt: skip
     assert out.dtype == jnp.bfloat16
     rounded = {name: jnp.asarray(x, jnp.float32) for name, x in bf16.items()}
     want = _reference(**rounded, valid=valid)

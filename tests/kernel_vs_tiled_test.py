@@ -1,12 +1,14 @@
 """``model.attention_impl="kernel"`` equals the tiled path through the whole model for every scheme
 the kernels run, on both kernel variants (Triton and Mosaic, in Pallas' interpreter): logits and
 the gradient of every parameter, with a full, a partly valid and an empty memory, and with
-same_length and clamp_len; DeBERTa and FIRE fall back to the tiled path. The kernels against a
+same_length and clamp_len; greedy generation; attention dropout; DeBERTa and FIRE fall back to
+the tiled path. The kernels against a
 float64 reference are ``kernel_vs_reference_test.py``."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos_jax import ConfigError, TransformerLM, schemes
+from relpos_jax import ConfigError, TransformerLM, generate, schemes
 from relpos_jax.attention import fused
 from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
@@ -99,3 +101,43 @@ def test_a_bad_kernel_block_is_refused_in_one_line():
     for value in (8, 48):
         with pytest.raises(ConfigError, match=r"^model\.kernel_block=.* is invalid; [^\n]+$"):
             TransformerLM(dict(position="txl", kernel_block=value), rngs=nnx.Rngs(0))
+
+
+def _in_attention(path) -> bool:
+    names = jax.tree_util.keystr(path)
+    return any(f"'{name}'" in names for name in ("w_q", "w_r", "u", "v"))
+
+
+@pytest.mark.parametrize("position", ["txl", "shaw", "alibi"])
+def test_generation_through_the_kernels_equals_the_tiled_path(position):
+    """Greedy one-token steps (a query block of one padded position) over a key/value memory."""
+    tiled, kernel = _pair(position)
+    prompt = jax.random.randint(jax.random.PRNGKey(4), (2, 9), 0, 256)
+    want = generate(tiled, prompt, 6, temperature=0.0)
+    np.testing.assert_array_equal(generate(kernel, prompt, 6, temperature=0.0), want)
+
+
+def test_attention_dropout_through_the_kernels_drops_the_same_weights_forward_and_backward():
+    """dropatt 0.3 in training: the gradient is the derivative of the loss the forward computed
+    (a central difference along it, with the same key), and the weights are dropped."""
+    _, kernel = _pair("txl", dropatt=0.3)
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (2, SEG), 0, 256)
+    mems = _memories(kernel, tokens)[f"{MEM} valid"]
+    graphdef, params, rest = nnx.split(kernel, nnx.Param, ...)
+
+    @functools.partial(jax.jit, static_argnames="deterministic")
+    def loss(params, rest, deterministic=False):  # the same dropout key every call: rest is fixed
+        model = nnx.merge(graphdef, params, rest)
+        return (model(tokens, mems, deterministic=deterministic)[0] ** 2).mean()
+
+    grads = jax.jit(jax.grad(loss))(params, rest)
+    # along the attention's own parameters, which the dropped weights reach (elsewhere a gradient
+    # taken with other masks would still be close)
+    grads = jax.tree.map_with_path(
+        lambda path, g: g if _in_attention(path) else jnp.zeros_like(g), grads
+    )
+    norm = jnp.sqrt(sum((g**2).sum() for g in jax.tree.leaves(grads)))
+    step = jax.tree.map(lambda g: 1e-2 * g / norm, grads)
+    up, down = (loss(jax.tree.map(f, params, step), rest) for f in (jnp.add, jnp.subtract))
+    np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
+    assert abs(float(loss(params, rest)) - float(loss(params, rest, deterministic=True))) > 1e-6
