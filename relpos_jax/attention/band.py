@@ -151,8 +151,9 @@ def initial(a: jax.Array, keys: int, backward: bool, delta=None, window: int = 0
 def parameter_gradients(band: Band, params, state: State) -> Any:
     """The float32 gradient of the parameters from the rows' cotangent, once per query tile."""
     count = state.d_rows.shape[0]
-    _, rows_vjp = jax.vjp(lambda prm: band.rows(prm, state.row_top, count), params)
-    return jax.tree.map(lambda x: x.astype(F32), rows_vjp(state.d_rows)[0])
+    rows, rows_vjp = jax.vjp(lambda prm: band.rows(prm, state.row_top, count), params)
+    d_rows = state.d_rows.astype(rows.dtype)  # (bfloat16 rows in a bfloat16 model)
+    return jax.tree.map(lambda x: x.astype(F32), rows_vjp(d_rows)[0])
 
 
 def _when(needed, compute: Callable, shape, like: jax.Array) -> jax.Array:
