@@ -1,6 +1,7 @@
 """Model FLOPs utilisation of relpos_jax training: tokens/s × FLOPs per token over the device's peak.
 
-    python -m bench.mfu [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]   # gpu.sh
+    python -m bench.mfu [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]
+        [--attention-impl dense|tiled|kernel|auto]                                       # gpu.sh
 
 For each ``--size`` and dtype, times ``speed.ours("train", "txl", ...)`` (forward, backward, Adam,
 memory carried) and reports tokens/s, achieved model TFLOP/s (``model_flops`` per token × tokens/s)
@@ -43,8 +44,9 @@ def mfu(spec: dict) -> dict:
 
     size, dtype = SIZES[spec["size"]], spec["dtype"]
     tokens_per_sec = ours(
-        "train", "txl", dtype, size, spec["repeats"], spec["warmup"], remat=spec["remat"]
-    )
+        "train", "txl", dtype, size, spec["repeats"], spec["warmup"], remat=spec["remat"],
+        attention_impl=spec.get("attention_impl", "dense"),
+    )  # fmt: skip
     achieved = tokens_per_sec * model_flops(size) / 1e12
     device = jax.devices()[0]
     peak = next((p[dtype] for name, p in PEAK_TFLOPS.items() if name in device.device_kind), None)
@@ -64,24 +66,36 @@ def main() -> None:
     options.add_dtypes(parser, "bfloat16,float32")
     options.add_timing(parser, repeats=10, warmup=3)
     parser.add_argument("--remat", action="store_true", help="model.remat: recompute each layer")
+    parser.add_argument(
+        "--attention-impl", default="dense", choices=("dense", "tiled", "kernel", "auto"),
+        help="model.attention_impl (kernel: the Pallas kernels)",
+    )  # fmt: skip
     args = parse_or_serve(parser, mfu)
     if args is None:
         return
-    print("| size | dtype | remat | device | tokens/s | model TFLOP/s | MFU | device peak MiB |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+    print(
+        "| size | dtype | attention | remat | device | tokens/s | model TFLOP/s | MFU "
+        "| device peak MiB |"
+    )
+    print("|---|---|---|---|---|---:|---:|---:|---:|")
     for size in args.size:
         for dtype in args.dtypes:
             spec = dict(
-                size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup, remat=args.remat
-            )
+                size=size, dtype=dtype, repeats=args.repeats, warmup=args.warmup, remat=args.remat,
+                attention_impl=args.attention_impl,
+            )  # fmt: skip
             r = isolated("bench.mfu", spec)
             if "error" in r:
-                print(f"| {size} | {dtype} | {args.remat} | error: {r['error']} | | | | |")
+                print(
+                    f"| {size} | {dtype} | {args.attention_impl} | {args.remat} | "
+                    f"error: {r['error']} | | | | |"
+                )
                 continue
             share = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
             memory = "" if r["device_peak_mib"] is None else f"{r['device_peak_mib']:,.0f}"
             print(
-                f"| {size} | {dtype} | {args.remat} | {r['device']} | {r['tokens_per_sec']:,.0f} | "
+                f"| {size} | {dtype} | {args.attention_impl} | {args.remat} | {r['device']} | "
+                f"{r['tokens_per_sec']:,.0f} | "
                 f"{r['tflops']:.1f} | {share} | {memory} |",
                 flush=True,
             )

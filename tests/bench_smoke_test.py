@@ -99,7 +99,10 @@ def test_speed_benchmarks_run():
         "speed": ["--schemes", "txl", "--dtypes", "bfloat16", "--repeats", "1", "--rounds", "2"],
         "payoff": ["--contexts", "32", "--repeats", "1"],
         "scaling": ["--lengths", "16", "--schemes", "txl,shaw", "--repeats", "1"],
-        "mfu": ["--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"],
+        "mfu": [
+            *("--dtypes", "float32", "--repeats", "1", "--warmup", "1", "--remat"),
+            *("--attention-impl", "kernel"),  # the train step through the kernels (interpreted)
+        ],
         "kernels": ["--dtypes", "float32", "--repeats", "1"],
         "key_value_memory": ["--settings", "8:24", "--generate", "16", "--rounds", "1"],
     }
@@ -110,8 +113,28 @@ def test_speed_benchmarks_run():
             command, capture_output=True, text=True, timeout=600, check=True, cwd=ROOT
         )
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
-        ours = {"speed": 4, "mfu": 4, "kernels": 4, "key_value_memory": 5}.get(name, 2)
+        ours = {"speed": 4, "mfu": 5, "kernels": 4, "key_value_memory": 5}.get(name, 2)
         assert rows and all("error" not in row.split("|")[ours] for row in rows), result.stdout
+
+
+@pytest.mark.bench
+def test_fused_attention_benchmark_runs_and_renders_its_json(tmp_path):
+    """The accelerator benchmark at a toy length on this CPU (the kernels interpreted)."""
+    command = [
+        sys.executable, "-m", "bench.fused_attention", "--lengths", "64", "--schemes", "txl,rope",
+        "--repeats", "1", "--warmup", "0", "--out", str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from bench import fused_attention
+
+    results = json.loads((tmp_path / "fused_attention.json").read_text())
+    cells = {(c["scheme"], c["impl"]): c for c in results["cells"]}
+    assert set(cells) == {("txl", i) for i in ("kernel", "tiled", "dense")} | {
+        ("rope", i) for i in fused_attention.IMPLS
+    }
+    assert all("seconds" in c for c in cells.values()), cells
+    assert (tmp_path / "fused_attention.md").read_text() == fused_attention.render(results)
 
 
 @pytest.mark.bench
