@@ -3,12 +3,14 @@ the caller).
 
     python tests/context_worker.py schemes txl,shaw,...   # context 2, 4, 8 vs one device
     python tests/context_worker.py train WORKDIR          # (data 2, context 2, tensor 2) vs one
+    python tests/context_worker.py kernel txl,shaw,...    # the kernels on (data 2, tensor 2) vs one
 
 Prints one JSON line with what the test checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -74,6 +76,38 @@ def schemes(variants: list[str]) -> None:
                 "grads": _largest(jax.tree.map(jnp.subtract, grads_c, grads_one))
                 / _largest(grads_one),
             }
+    print(json.dumps(result))
+
+
+def kernel(variants: list[str]) -> None:
+    """The Pallas kernels (interpreted) on (data 2, fsdp 2, tensor 2), each device its batch rows
+    and heads, against one device: logits and gradients of three segments with memory."""
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 4, 16)), jnp.int32)
+    result = {}
+    for variant in variants:
+        cfg = scheme_config(variant)
+        model_cfg = dataclasses.replace(
+            cfg.model, d_model=64, n_heads=4, d_ff=64, attention_impl="kernel", kernel_block=16
+        )
+        graphdef, params, rest = nnx.split(
+            TransformerLM(model_cfg, rngs=nnx.Rngs(0)), nnx.Param, ...
+        )
+
+        def loss(params, tokens, graphdef=graphdef, rest=rest):
+            model = nnx.merge(graphdef, params, rest)
+            logits, _ = scan_segments(model, tokens, model.init_mems(tokens.shape[1]))
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
+
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        (_, logits_one), grads_one = step(params, tokens)
+        mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, context=1))
+        with jax.set_mesh(mesh):
+            rows = jax.device_put(tokens, jax.NamedSharding(mesh, jax.P(None, ("data", "fsdp"))))
+            (_, logits_m), grads_m = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, rows)
+        result[variant] = {
+            "logits": float(jnp.abs(logits_m - logits_one).max()),
+            "grads": _largest(jax.tree.map(jnp.subtract, grads_m, grads_one)) / _largest(grads_one),
+        }
     print(json.dumps(result))
 
 
@@ -150,6 +184,8 @@ def train(workdir: pathlib.Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "schemes":
         schemes(sys.argv[2].split(","))
+    elif sys.argv[1] == "kernel":
+        kernel(sys.argv[2].split(","))
     else:
         directory = pathlib.Path(sys.argv[2])
         directory.mkdir(parents=True, exist_ok=True)

@@ -97,10 +97,14 @@ def test_auto_takes_dense_then_tiled_by_length_on_a_cpu():
     assert fused.path(auto, 64, None, True) == "tiled"  # a segment split over devices
 
 
-def test_a_bad_kernel_block_is_refused_in_one_line():
+def test_a_bad_kernel_block_or_head_dim_is_refused_in_one_line():
     for value in (8, 48):
         with pytest.raises(ConfigError, match=r"^model\.kernel_block=.* is invalid; [^\n]+$"):
             TransformerLM(dict(position="txl", kernel_block=value), rngs=nnx.Rngs(0))
+    narrow = dict(position="txl", d_model=32, n_heads=4, attention_impl="kernel")  # head dim 8
+    with pytest.raises(ConfigError, match=r"^model\.attention_impl=.* is invalid; [^\n]+$"):
+        TransformerLM(narrow, rngs=nnx.Rngs(0))
+    TransformerLM(dict(narrow, position="deberta"), rngs=nnx.Rngs(0))  # the tiled path runs it
 
 
 def _in_attention(path) -> bool:
@@ -141,3 +145,16 @@ def test_attention_dropout_through_the_kernels_drops_the_same_weights_forward_an
     up, down = (loss(jax.tree.map(f, params, step), rest) for f in (jnp.add, jnp.subtract))
     np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
     assert abs(float(loss(params, rest)) - float(loss(params, rest, deterministic=True))) > 1e-6
+
+
+@pytest.mark.slow
+def test_kernels_on_a_data_fsdp_tensor_mesh_equal_one_device():
+    """8 simulated devices (data 2, fsdp 2, tensor 2): each runs the kernels on its batch rows and
+    heads (``fused._per_device``); logits and every gradient as on one device."""
+    from tests.context_parallel_test import run_worker
+
+    variants = "txl,shaw,t5,rope"
+    result = run_worker("kernel", variants)
+    assert sorted(result) == sorted(variants.split(","))
+    for variant, diff in result.items():
+        assert diff["logits"] <= 1e-5 and diff["grads"] <= 1e-5, (variant, diff)

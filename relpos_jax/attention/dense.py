@@ -129,6 +129,7 @@ class Attention(nnx.Module):
         d, n, h = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.config = cfg
         self.scheme = schemes.get(cfg.position)
+        fused.check(cfg)
         # Keys and values [B, N, H, K] (each head's keys as columns) where the products and RoPE's
         # rotation read them: on a CPU the content logits q·kᵀ read them in place, and their
         # gradients reach the projection's backward products without a transposition of single

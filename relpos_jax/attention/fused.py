@@ -20,13 +20,15 @@ Pallas' interpreter (exact and slow: for tests).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from relpos_jax import schemes
+from relpos_jax import schemes, sharding
 from relpos_jax.attention import kernel
+from relpos_jax.errors import fail
 from relpos_jax.schemes import Tile
 
 DENSE_KEYS = 4096  # auto on a CPU: dense up to this window, tiled beyond
@@ -46,6 +48,18 @@ def block(cfg: Any) -> int:
 def fusable(cfg: Any) -> bool:
     """Whether the kernels can run this model's attention (scheme and sizes)."""
     return schemes.get(cfg.position).fused and kernel.supports(cfg.head_dim, block(cfg))
+
+
+def check(cfg: Any) -> None:
+    """Refuse ``attention_impl="kernel"`` with sizes the kernels cannot take, in one line (a scheme
+    they do not run falls back to the tiled path instead, as ``auto`` does for both)."""
+    if cfg.attention_impl == "kernel" and schemes.get(cfg.position).fused and not fusable(cfg):
+        fail(
+            "model.attention_impl", "kernel",
+            f"the kernels take a head dim and model.kernel_block that are powers of two ≥ 16 (head "
+            f"dim {cfg.head_dim}, block {block(cfg)}); change model.n_heads or model.d_head, or use "
+            "tiled",
+        )  # fmt: skip
 
 
 def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
@@ -89,13 +103,50 @@ def seed(key: jax.Array) -> jax.Array:
 
 
 def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: float, key):
-    """Attention output ``[B, T, N, H]`` of one layer through the kernels."""
+    """Attention output ``[B, T, N, H]`` of one layer through the kernels; under a mesh, each
+    device runs them on its batch rows and heads (``_per_device``)."""
     terms = tables(attention, q, ctx, context)
     valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k_BKNH.shape[1], bool)
     backend = kernel.backend_of()
-    return kernel.attend(
-        terms.pop("q"), k_BKNH, v_BKNH, key_valid=valid, scale=attention.scale,
-        max_distance=attention._max_distance(ctx), dropatt=rate,
-        seed=None if not rate else seed(key), block=block(attention.config),
-        backend=backend or INTERPRET_BACKEND, interpret=backend is None, **terms,
+    options = dict(
+        scale=attention.scale, max_distance=attention._max_distance(ctx), dropatt=rate,
+        block=block(attention.config), backend=backend or INTERPRET_BACKEND,
+        interpret=backend is None,
     )  # fmt: skip
+    arrays = dict(terms, k=k_BKNH, v=v_BKNH, key_valid=valid)
+    if rate:
+        arrays["seed"] = seed(key)
+    return _per_device(arrays, options)
+
+
+def _per_device(arrays: dict, options: dict) -> jax.Array:
+    """``kernel.attend`` on each device's share: batch rows split over the mesh's batch axes and
+    heads over ``tensor`` where they divide (a Pallas call is opaque to XLA's partitioner); the
+    dropout seed folded with the device's index."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel.attend(**arrays, **options)
+    batch, heads = arrays["q"].shape[0], arrays["q"].shape[2]
+    rows = tuple(a for a in sharding.BATCH if a in mesh.axis_names)
+    rows = rows if rows and batch % math.prod(mesh.shape[a] for a in rows) == 0 else None
+    split = "tensor" if "tensor" in mesh.axis_names and heads % mesh.shape["tensor"] == 0 else None
+
+    def spec(name: str, x) -> jax.P:
+        if name in ("q", "a", "k", "v"):
+            return jax.P(rows, None, split, None)
+        if name in ("logit_rows", "bias_rows", "value_rows") and x.shape[0] == heads:
+            return jax.P(split)
+        return jax.P()
+
+    def local(arrays):
+        if "seed" in arrays:  # other draws on other devices
+            index = jax.lax.axis_index(tuple(mesh.axis_names))
+            arrays = dict(arrays, seed=arrays["seed"] + index * jnp.int32(0x3C6EF372 % 2**31))
+        return kernel.attend(**arrays, **options)
+
+    specs = {name: spec(name, x) for name, x in arrays.items()}
+    # check_vma off: a Pallas call's outputs carry no varying-axes type; the transpose then sums
+    # the cotangents of what every device shares (the tables, over the batch axes)
+    return jax.shard_map(local, in_specs=(specs,), out_specs=spec("q", None), check_vma=False)(
+        arrays
+    )
