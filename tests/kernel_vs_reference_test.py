@@ -1,6 +1,6 @@
 """The Pallas kernels (``attention.kernel``), both variants in Pallas' interpreter, against a
-float64 reference built from the formulas: the output and the gradients of q, k, v, the band query
-and every table by distance, with memory, invalid keys, same_length and dropout, over several
+float64 reference built from the formulas: the output and the gradients of q, k, v, the band query,
+every table by distance and FIRE's parameters, with memory, invalid keys, same_length and dropout, over several
 blocks (segment 40, memory 24, blocks of 16: 3 query blocks and 4 key blocks). On a GPU or TPU
 the compiled kernel of its backend runs the same tests (``bench/gpu.sh`` runs this file first)."""
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from relpos_jax.attention import kernel
+from relpos_jax.attention.kernel import fire as fire_term
 from relpos_jax.attention.kernel import skew
 
 B, T, M, N, H = 2, 40, 24, 2, 16
@@ -25,10 +26,20 @@ K, SCALE = M + T, 0.25
 DIFFERENTIABLE = ("a", "logit_rows", "bias_rows", "value_rows")
 
 
+def _fire_bias(c, threshold, first_query, w1, b1, w2_HN, b2_N):
+    """FIRE's ``[N, T, K]``: ``f(ψ(d)/ψ(max(L, i)))``, ``ψ(x) = log(1 + c·x)``, the query
+    positions counting from ``first_query``."""
+    d = np.maximum(M + np.arange(T)[:, None] - np.arange(K)[None, :], 0)
+    position = first_query + jnp.arange(T)[:, None]
+    x = jnp.log1p(c * d) / jnp.log1p(c * jnp.maximum(threshold, position))
+    hidden = jax.nn.relu(x[..., None] * w1 + b1)
+    return jnp.moveaxis(hidden @ w2_HN + b2_N, -1, 0)
+
+
 def _reference(q, k, v, valid, a=None, logit_rows=None, bias_rows=None, value_rows=None,
-               max_distance=None, dropatt=0.0, seed=0):  # fmt: skip
-    """The formulas on the whole ``[T, K]``: ``scale·q·k + a_i·w_d + b_d``, masked, softmax,
-    dropout (the kernels' hash), ``Σ p (v + w^V_d)``."""
+               fire=None, max_distance=None, dropatt=0.0, seed=0):  # fmt: skip
+    """The formulas on the whole ``[T, K]``: ``scale·q·k + a_i·w_d + b_d`` (+ FIRE's bias),
+    masked, softmax, dropout (the kernels' hash), ``Σ p (v + w^V_d)``."""
     d = M + np.arange(T)[:, None] - np.arange(K)[None, :]
     rows = lambda table: table[:, np.clip(d, 0, table.shape[1] - 1)]  # noqa: E731
     s = SCALE * jnp.einsum("bind,bjnd->bnij", q, k)
@@ -37,6 +48,8 @@ def _reference(q, k, v, valid, a=None, logit_rows=None, bias_rows=None, value_ro
         s = s + jnp.einsum("bind,nijd->bnij", a, w)
     if bias_rows is not None:
         s = s + rows(bias_rows)[None]
+    if fire is not None:
+        s = s + _fire_bias(**fire)[None]
     ok = (d >= 0) & valid[None, :]
     if max_distance is not None:
         ok &= d <= max_distance
@@ -59,6 +72,7 @@ CASES = {
     "values (shaw)": {"values"},
     "every term, same_length": {"band", "bias", "values", "reach"},
     "dropout": {"bias", "values", "dropout"},
+    "fire": {"fire"},
 }
 
 
@@ -75,6 +89,16 @@ def _inputs(terms):
         arrays["bias_rows"] = normal(N, K)
     if "values" in terms:
         arrays["value_rows"] = 0.5 * normal(1, K, H)  # shared by the heads
+    if "fire" in terms:  # L between query positions (5 … 44): both decide the normaliser
+        arrays["fire"] = {
+            "c": np.asarray(0.3),
+            "threshold": np.asarray(30.5),
+            "first_query": np.asarray(5.0),
+            "w1": normal(8),
+            "b1": 0.1 * normal(8),
+            "w2_HN": normal(8, N),
+            "b2_N": normal(N),
+        }
     if "reach" in terms:
         options["max_distance"] = M
     if "dropout" in terms:
@@ -92,19 +116,27 @@ def test_kernel_equals_the_float64_reference(case, backend, interpret, x64):
     arrays, valid, options = _inputs(CASES[case])
 
     def run_kernel(arrays):
-        f32 = {name: x.astype(jnp.float32) for name, x in arrays.items()}
+        f32 = jax.tree.map(lambda x: x.astype(jnp.float32), arrays)
+        if "fire" in f32:
+            fire = f32.pop("fire")
+            f32 |= {"fire_rows": fire_term.pack(**fire), "fire_hidden": fire["w1"].shape[0]}
         return kernel.attend(**f32, key_valid=valid, scale=SCALE, block=16, backend=backend,
                              interpret=interpret, **options)  # fmt: skip
 
     def run_reference(arrays):
         return _reference(**arrays, valid=valid, **options)
 
-    arrays = {name: jnp.asarray(x, jnp.float64) for name, x in arrays.items()}
+    arrays = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), arrays)
     np.testing.assert_allclose(run_kernel(arrays), run_reference(arrays), atol=2e-6)
     got = jax.grad(lambda x: _loss(run_kernel(x)))(arrays)
     want = jax.grad(lambda x: _loss(run_reference(x)))(arrays)
-    for name in arrays:
-        np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
+    for path, value in jax.tree.leaves_with_path(want):
+        name = jax.tree_util.keystr(path)
+        if "first_query" in name:  # a position: the kernels give it no gradient
+            continue
+        got_value = dict(jax.tree.leaves_with_path(got))[path]
+        scale = max(1.0, float(jnp.abs(value).max()))  # FIRE's c and L: sums over every pair
+        np.testing.assert_allclose(got_value / scale, value / scale, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize(("backend", "interpret"), VARIANTS, ids=NAMES)

@@ -8,10 +8,11 @@ per layer and call (linear in K) from the hooks the dense and tiled paths use:
   query side ``a`` and the logit rows;
 * ``distance_tables`` gives what those do not (Shaw's key and value tables);
 * a relative scheme's ``bias`` (T5, ALiBi, KERPLE), evaluated for one query against the window,
-  gives the bias by distance;
+  gives the bias by distance; FIRE's, which depends on the query's position too, is evaluated in
+  each tile from its parameters (``kernel.fire``);
 * ``content_query`` (txl's ``q + u``) and ``rotate`` (RoPE, before any path) act on q and k.
 
-DeBERTa and FIRE (``Scheme.fused = False``), an explicit ``mask``, and a segment split over the
+DeBERTa (``Scheme.fused = False``), an explicit ``mask``, and a segment split over the
 ``context`` axis run the tiled path instead. ``auto`` takes the kernels on a GPU or TPU, and on a
 CPU the dense path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
 matters and its time is no worse: ``docs/benchmarks.md``). ``kernel`` on a CPU runs the kernels in
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 
 from relpos_jax import schemes, sharding
 from relpos_jax.attention import kernel
+from relpos_jax.attention.kernel import fire as fire_term
 from relpos_jax.errors import fail
 from relpos_jax.schemes import Tile
 
@@ -91,7 +93,10 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
         out["logit_rows"] = extra["key_rows"]
     if "value_rows" in extra:
         out["value_rows"] = extra["value_rows"]
-    if _overrides(scheme, "bias"):  # the last position against the window: distances K − 1 … 0
+    if "fire" in extra:  # FIRE: not a table, evaluated per tile
+        out["fire_rows"] = fire_term.pack(**extra["fire"])
+        out["fire_hidden"] = extra["fire"]["w1"].shape[0]
+    elif _overrides(scheme, "bias"):  # the last position against the window: distances K − 1 … 0
         bias = scheme.bias(attention, Tile(ctx.k_pos[-1:], ctx.k_pos, count - 1, 0), context)
         out["bias_rows"] = jnp.broadcast_to(bias, (attention.config.n_heads, 1, count))[:, 0, ::-1]
     return out
@@ -111,7 +116,7 @@ def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: floa
     options = dict(
         scale=attention.scale, max_distance=attention._max_distance(ctx), dropatt=rate,
         block=block(attention.config), backend=backend or INTERPRET_BACKEND,
-        interpret=backend is None,
+        interpret=backend is None, fire_hidden=terms.pop("fire_hidden", 0),
     )  # fmt: skip
     arrays = dict(terms, k=k_BKNH, v=v_BKNH, key_valid=valid)
     if rate:
@@ -134,7 +139,7 @@ def _per_device(arrays: dict, options: dict) -> jax.Array:
     def spec(name: str, x) -> jax.P:
         if name in ("q", "a", "k", "v"):
             return jax.P(rows, None, split, None)
-        if name in ("logit_rows", "bias_rows", "value_rows") and x.shape[0] == heads:
+        if name in ("logit_rows", "bias_rows", "value_rows", "fire_rows") and x.shape[0] == heads:
             return jax.P(split)
         return jax.P()
 

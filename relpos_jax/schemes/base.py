@@ -20,9 +20,9 @@ hook                  what it gives, and who uses it
                       distance once (``attention.band``); ``score_term`` gives the dense window's
 ``distance_tables``   a score or value term as tables by distance for the fused kernels
                       (``attention.kernel``), where the band and bias hooks do not give them
-                      (shaw: its key and value tables)
-``fused``             whether the kernels can run the scheme (False: DeBERTa, FIRE; the tiled
-                      path runs them)
+                      (shaw: its key and value tables; fire: its parameters, evaluated per tile)
+``fused``             whether the kernels can run the scheme (False: DeBERTa; the tiled path
+                      runs it)
 ====================  =========================================================================
 
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
@@ -144,8 +144,9 @@ class Scheme:
     def distance_tables(self, attention: Any, context: Any, count: int) -> dict[str, jax.Array]:
         """Tables by distance ``0 … count − 1``, ``[N or 1, count, H]`` (1: shared by the heads):
         ``"key_rows"`` scored against the query inside the scaled product (``q_i·w_d``), and
-        ``"value_rows"`` added to the output (``Σ_j p_ij w_d``). Only for terms the band and bias
-        hooks do not give."""
+        ``"value_rows"`` added to the output (``Σ_j p_ij w_d``); or FIRE's parameters, ``"fire"``
+        (``attention.kernel.fire.pack``'s arguments). Only for terms the band and bias hooks do not
+        give."""
         return {}
 
     def value_term(

@@ -30,7 +30,6 @@ INIT_C, INIT_L = 0.1, 512.0
 class Fire(Scheme):
     name = "fire"
     relative = False  # the normaliser depends on the query's own position
-    fused = False  # not a table by distance: the tiled path runs it
 
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
         n, std = cfg.n_heads, cfg.init_std
@@ -42,6 +41,22 @@ class Fire(Scheme):
             "fire_c": nnx.Param(jnp.asarray(INIT_C, jnp.float32)),
             "fire_L": nnx.Param(jnp.asarray(INIT_L, jnp.float32)),
         }
+
+    def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
+        # where the kernels count the queries from (float: every leaf of the context is a
+        # parameter to the tiled path, which differentiates it, here to no effect)
+        return {"first_query": q_pos[0].astype(jnp.float32)}
+
+    def distance_tables(self, attention, context, count: int):
+        """Not a table: the kernels evaluate the bias in each tile from these parameters."""
+        return {
+            "fire": {
+                "c": jnp.abs(attention.fire_c[...]), "threshold": jnp.abs(attention.fire_L[...]),
+                "first_query": context["first_query"], "w1": attention.fire_w1[...],
+                "b1": attention.fire_b1[...], "w2_HN": attention.fire_w2[...],
+                "b2_N": attention.fire_b2[...],
+            }
+        }  # fmt: skip
 
     def bias(self, attention, tile: Tile, context) -> jax.Array:
         c, threshold = jnp.abs(attention.fire_c[...]), jnp.abs(attention.fire_L[...])

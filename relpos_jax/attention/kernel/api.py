@@ -6,9 +6,12 @@ The terms a scheme adds come as tables by distance ``d = q_pos − k_pos`` (asce
 * ``logit_rows [N or 1, R, H]`` with the query side ``a [B, T, N, H]`` (in logit units):
   ``a_i · w_{d}`` (Transformer-XL's ``(q + v)·W_R·R``, Shaw's ``q·a^K``);
 * ``bias_rows [N, R]``: ``b_{n, d}`` after scaling (T5's buckets, ALiBi, KERPLE);
-* ``value_rows [N or 1, R, H]``: ``Σ_j p_ij w_{d_ij}`` added to the output (Shaw's values).
+* ``value_rows [N or 1, R, H]``: ``Σ_j p_ij w_{d_ij}`` added to the output (Shaw's values);
 
-Gradients reach q, k, v, ``a`` and the three tables (float32; the scheme's parameters are one
+and FIRE's bias, which depends on the query's position too, evaluated in each tile from its
+parameters (``fire_rows``, ``kernel.fire.pack``; ``fire_hidden`` hidden units).
+
+Gradients reach q, k, v, ``a``, the three tables and FIRE's rows (float32; the scheme's parameters are one
 ``jax.vjp`` of the tables away). Positions are contiguous (the model's windows): query i and key j
 are ``offset + i − j`` apart, ``offset = K − T`` the memory. Query i may attend key j iff
 ``key_valid[j]`` and ``0 ≤ d ≤ max_distance`` (None: no limit). Dropout (``dropatt``, ``seed``) is
@@ -55,6 +58,8 @@ def attend(
     logit_rows: jax.Array | None = None,
     bias_rows: jax.Array | None = None,
     value_rows: jax.Array | None = None,
+    fire_rows: jax.Array | None = None,
+    fire_hidden: int = 0,
     max_distance: int | None = None,
     dropatt: float = 0.0,
     seed: jax.Array | None = None,
@@ -81,12 +86,14 @@ def attend(
     if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):
         raise ValueError(f"kernel attention: dropatt={dropatt} must be in [0, 1), with a seed")
     tables = [x for x in (logit_rows, bias_rows, value_rows) if x is not None]
+    if fire_rows is not None and not fire_hidden:
+        raise ValueError("kernel attention: fire_rows need fire_hidden, their hidden units")
     distances = max([x.shape[1] for x in tables], default=1)
     q_blocks, k_blocks = -(-q_len // block), -(-k_len // block)
     spec = Spec(
         backend, block, k_len - q_len, float(scale), max_distance, float(dropatt),
         logit_rows is not None, bias_rows is not None, value_rows is not None, distances, batch,
-        heads, q_blocks, k_blocks, interpret,
+        heads, q_blocks, k_blocks, interpret, fire_hidden if fire_rows is not None else 0,
     )  # fmt: skip
     heads_first = lambda x, length: _pad(x, length, axis=1).transpose(0, 2, 1, 3)  # noqa: E731
     q_p, k_p, v_p = (heads_first(x, n * block) for x, n in ((q, q_blocks), (k, k_blocks),
@@ -102,7 +109,8 @@ def attend(
     seed = (
         jnp.zeros((1, 1), jnp.int32) if seed is None else jnp.asarray(seed, jnp.int32).reshape(1, 1)
     )
-    out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, valid, seed)
+    fire_rows = None if fire_rows is None else fire_rows.astype(F32)
+    out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, fire_rows, valid, seed)
     return out[:, :, :q_len].transpose(0, 2, 1, 3)
 
 
@@ -120,26 +128,26 @@ def _descending(table: jax.Array, distances: int, block: int) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec: Spec, q, a, k, v, rows, bias, vrows, valid, seed):
-    return forward.call(spec, q, a, k, v, valid, rows, bias, vrows, seed)[0]
+def _attend(spec: Spec, q, a, k, v, rows, bias, vrows, fire_rows, valid, seed):
+    return forward.call(spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed)[0]
 
 
-def _attend_fwd(spec: Spec, q, a, k, v, rows, bias, vrows, valid, seed):
-    out, lse = forward.call(spec, q, a, k, v, valid, rows, bias, vrows, seed)
-    return out, (q, a, k, v, rows, bias, vrows, valid, seed, out, lse)
+def _attend_fwd(spec: Spec, q, a, k, v, rows, bias, vrows, fire_rows, valid, seed):
+    out, lse = forward.call(spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed)
+    return out, (q, a, k, v, rows, bias, vrows, fire_rows, valid, seed, out, lse)
 
 
 def _attend_bwd(spec: Spec, residuals, d_out):
-    q, a, k, v, rows, bias, vrows, valid, seed, out, lse = residuals
+    q, a, k, v, rows, bias, vrows, fire_rows, valid, seed, out, lse = residuals
     d_out = d_out.astype(q.dtype)
     d_rows_sum = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1, keepdims=True)
-    dq, da, dk, dv, d_rows, d_bias, d_vrows = backward.call(
-        spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_rows_sum
+    dq, da, dk, dv, d_rows, d_bias, d_vrows, d_fire = backward.call(
+        spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_out, lse, d_rows_sum
     )
     like = lambda g, x: None if x is None else g.astype(x.dtype)  # noqa: E731
     return (
         like(dq, q), like(da, a), like(dk, k), like(dv, v), like(d_rows, rows),
-        like(d_bias, bias), like(d_vrows, vrows), None, None,
+        like(d_bias, bias), like(d_vrows, vrows), like(d_fire, fire_rows), None, None,
     )  # fmt: skip
 
 

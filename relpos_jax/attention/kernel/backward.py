@@ -19,11 +19,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from relpos_jax.attention.kernel import common, launch
+from relpos_jax.attention.kernel import common, fire, launch
 from relpos_jax.attention.kernel.common import F32, Spec
 from relpos_jax.attention.kernel.skew import Skew
 
-TABLES = ("d_rows", "d_bias", "d_vrows")
+TABLES = ("d_rows", "d_bias", "d_vrows", "d_fire")
 
 
 def _unpack(spec: Spec, refs):
@@ -32,8 +32,9 @@ def _unpack(spec: Spec, refs):
     r = {"q": refs.pop(0), "a": take(spec.band)}
     r["k"], r["v"], r["valid"] = refs.pop(0), refs.pop(0), refs.pop(0)
     r["rows"], r["bias"], r["vrows"] = take(spec.band), take(spec.bias), take(spec.values)
+    r["fire"] = take(spec.fire)
     r["seed"], r["do"], r["lse"], r["d"] = (refs.pop(0) for _ in range(4))
-    present = (spec.band, spec.bias, spec.values)
+    present = _present(spec)
     if spec.backend == "triton":  # the zeroed tables the outputs alias
         for _ in range(sum(present)):
             refs.pop(0)
@@ -45,14 +46,19 @@ def _unpack(spec: Spec, refs):
     return r
 
 
+def _present(spec: Spec) -> tuple[bool, ...]:
+    """Which of ``TABLES`` the call has."""
+    return bool(spec.band), bool(spec.bias), bool(spec.values), bool(spec.fire)
+
+
 def _accumulate(spec: Spec, ref, x0, value):
-    """``ref[x0 : x0 + 2S] += value``: atomically on Triton (programs run at once)."""
-    rows = pl.ds(x0, 2 * spec.block)
+    """``ref[x0 : x0 + rows] += value``: atomically on Triton (programs run at once)."""
     if spec.backend == "triton":
-        columns = pl.ds(jnp.int32(0), ref.shape[1])  # (int32 under x64 too)
+        rows = pl.ds(jnp.asarray(x0, jnp.int32), value.shape[0])  # (int32 under x64 too)
+        columns = pl.ds(jnp.int32(0), ref.shape[1])
         pltriton.atomic_add(ref, (rows, columns), value)
     else:
-        ref[rows, :] += value
+        ref[pl.ds(x0, value.shape[0]), :] += value
 
 
 def kernel(spec: Spec, per_head: dict[str, bool], *refs):
@@ -82,6 +88,8 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
         """Tile (i, t): the weights after dropout and ``ds``."""
         delta = spec.offset + (i - t) * s
         logits = common.logits(spec, skew, q_i, a_i, k_t, r["rows"], r["bias"], delta)
+        if spec.fire:
+            logits = logits + fire.bias(spec, r["fire"], delta, i)
         ok = common.allowed(spec, delta, r["valid"][:, block(t)])
         p = jnp.where(ok, jnp.exp(logits - lse_i), 0.0)
         dp = common.dot_nt(do_i, v_t)
@@ -135,6 +143,10 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
                 )
             if spec.values:
                 _accumulate(spec, r["d_vrows"], x0, common.dot_tn(skew.spread(p), do_g.astype(F32)))
+            if spec.fire:
+                delta = spec.offset + (g - t) * s
+                row = fire.gradient(spec, r["fire"], delta, g, ds)
+                _accumulate(spec, r["d_fire"], 0, row)
             return dq, da
 
         zeros = jnp.zeros(q_g.shape, F32)
@@ -150,8 +162,8 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
             r["da"][...] = jnp.zeros(r["da"].shape, r["da"].dtype)
 
 
-def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_rows_sum):
-    """``(dq, da, dk, dv, d_rows, d_bias, d_vrows)`` float32 of the padded, head-major inputs
+def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_out, lse, d_rows_sum):
+    """``(dq, da, dk, dv, d_rows, d_bias, d_vrows, d_fire)`` float32 of the padded, head-major inputs
     (``d_rows_sum [B, N, Tp, 1]``: ``Σ_h dO·O``); queries' gradients come ``[B, N, Kp, H]``."""
     batch, heads, q_len, head_dim = q.shape
     k_len, s = k.shape[2], spec.block
@@ -163,9 +175,8 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_r
         inputs, specs = [*inputs, a], [*specs, whole(a)]
     inputs += [k, v, valid]
     specs += [whole(k), whole(v), launch.whole(valid.shape)]
-    tables = [
-        x for there, x in ((spec.band, rows), (spec.bias, bias), (spec.values, vrows)) if there
-    ]
+    every = (rows, bias, vrows, fire_rows)
+    tables = [x for there, x in zip(_present(spec), every, strict=True) if there]
     inputs += tables
     specs += [launch.table(x, heads, head_axis=0) for x in tables]
     inputs += [seed, d_out, lse, d_rows_sum]
@@ -182,8 +193,7 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_r
     outputs += [(jax.ShapeDtypeStruct(x.shape, F32), launch.table(x, heads, 0)) for x in tables]
     if spec.backend == "triton":
         outputs.append(launch.scratch(spec, grid))
-    present = [name for name, there in zip(TABLES, (spec.band, spec.bias, spec.values),
-                                           strict=True) if there]  # fmt: skip
+    present = [name for name, there in zip(TABLES, _present(spec), strict=True) if there]
     per_head = {name: launch.per_head(x, heads) for name, x in zip(present, tables, strict=True)}
     body = functools.partial(kernel, spec, per_head)
     out = list(launch.pallas(spec, body, grid, inputs, specs, outputs, aliases))
@@ -191,6 +201,6 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, seed, d_out, lse, d_r
     da = out.pop(0)[:, :, :q_len] if spec.band else None
     dk, dv = out.pop(0), out.pop(0)
     grads = {}
-    for name, there in zip(TABLES, (spec.band, spec.bias, spec.values), strict=True):
+    for name, there in zip(TABLES, _present(spec), strict=True):
         grads[name] = out.pop(0) if there else None
-    return dq, da, dk, dv, grads["d_rows"], grads["d_bias"], grads["d_vrows"]
+    return dq, da, dk, dv, grads["d_rows"], grads["d_bias"], grads["d_vrows"], grads["d_fire"]

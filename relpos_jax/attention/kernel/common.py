@@ -45,6 +45,7 @@ class Spec(NamedTuple):
     q_blocks: int
     k_blocks: int
     interpret: bool = False
+    fire: int = 0  # FIRE's bias evaluated in the tile (``kernel.fire``): its hidden units
 
 
 def dot(x, y):
