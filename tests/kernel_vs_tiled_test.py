@@ -1,9 +1,8 @@
 """``model.attention_impl="kernel"`` equals the tiled path through the whole model for every scheme
 the kernels run, on both kernel variants (Triton and Mosaic, in Pallas' interpreter): logits and
 the gradient of every parameter, with a full, a partly valid and an empty memory, and with
-same_length and clamp_len; greedy generation; attention dropout; DeBERTa and FIRE fall back to
-the tiled path. The kernels against a
-float64 reference are ``kernel_vs_reference_test.py``."""
+same_length and clamp_len; greedy generation; attention dropout; DeBERTa falls back to the
+tiled path. The kernels against a float64 reference are ``kernel_vs_reference_test.py``."""
 
 from __future__ import annotations
 
