@@ -105,11 +105,12 @@ def render(results: dict) -> str:
         f"Machine: {s['device']}; jax {s['jax']}; commit {s['commit']}; {s['date']}.",
         "",
         f"One layer of d_model 1024 (16 heads of 64), batch 1, memory {s['memory']}, {s['dtype']}; "
-        "milliseconds of the gradient step (median), and the attention core's TFLOP/s.",
+        "milliseconds of the gradient step (median); the kernels' tokens/s (queries a second) and the "
+        "attention core's TFLOP/s.",
         "",
-        "| scheme | T | " + " | ".join(f"{impl} ms" for impl in IMPLS) + " | kernel TFLOP/s | "
-        "kernel / cudnn (rope) |",
-        "|---|---:|" + "---:|" * (len(IMPLS) + 2),
+        "| scheme | T | " + " | ".join(f"{impl} ms" for impl in IMPLS) + " | kernel tokens/s | "
+        "kernel TFLOP/s | kernel / cudnn (rope) |",
+        "|---|---:|" + "---:|" * (len(IMPLS) + 3),
     ]
     cells = {(c["scheme"], c["length"], c["impl"]): c for c in results["cells"]}
     for scheme in s["schemes"]:
@@ -119,7 +120,9 @@ def render(results: dict) -> str:
                 c = cells.get((scheme, length, impl))
                 row.append(_ms(c))
             kernel = cells.get((scheme, length, "kernel"))
-            row.append(f"{kernel['tflops']:.1f}" if kernel and "seconds" in kernel else "")
+            timed = kernel and "seconds" in kernel
+            row.append(f"{length / kernel['seconds']:,.0f}" if timed else "")
+            row.append(f"{kernel['tflops']:.1f}" if timed else "")
             rope = cells.get(("rope", length, "cudnn"))
             both = kernel and rope and "seconds" in kernel and "seconds" in rope
             row.append(f"{kernel['seconds'] / rope['seconds']:.2f}" if both else "")

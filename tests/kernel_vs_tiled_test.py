@@ -17,6 +17,7 @@ from flax import nnx
 
 from relpos_jax import ConfigError, TransformerLM, generate, schemes
 from relpos_jax.attention import fused
+from relpos_jax.attention.kernel import api as kernel_api
 from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
 
@@ -88,12 +89,18 @@ def test_schemes_the_kernels_do_not_run_take_the_tiled_path(position):
     np.testing.assert_allclose(kernel(tokens, mems)[0], tiled(tokens, mems)[0], atol=1e-6)
 
 
-def test_auto_takes_dense_then_tiled_by_length_on_a_cpu():
+def test_auto_takes_the_kernels_on_an_accelerator_else_dense_then_tiled_by_length():
     tiled, _ = _pair("txl")
     auto = dataclasses.replace(tiled.config, attention_impl="auto")
-    assert fused.path(auto, fused.DENSE_KEYS, None, False) == "dense"
-    assert fused.path(auto, fused.DENSE_KEYS + 1, None, False) == "tiled"
+    on_device = kernel_api.backend_of() is not None
+    short, long = (
+        fused.path(auto, fused.DENSE_KEYS, None, False),
+        fused.path(auto, fused.DENSE_KEYS + 1, None, False),
+    )
+    assert (short, long) == (("kernel", "kernel") if on_device else ("dense", "tiled"))
     assert fused.path(auto, 64, None, True) == "tiled"  # a segment split over devices
+    mask = jnp.ones((SEG, MEM + SEG), bool)
+    assert fused.path(auto, 64, mask, False) in ("dense", "tiled")  # the kernels take no mask
 
 
 def test_a_bad_kernel_block_or_head_dim_is_refused_in_one_line():
