@@ -167,6 +167,7 @@ def test_bad_arguments_are_refused_in_one_line():
         (dict(dropatt=0.1), "with a seed"),
         (dict(a=None), "a and logit_rows come together"),
         (dict(backend="cuda"), "no Pallas backend"),
+        (dict(backend="mosaic", interpret=False), "multiple of 128"),
     ]
     for change, message in bad:
         call = dict(arrays, key_valid=valid, scale=SCALE, block=16, backend="triton",

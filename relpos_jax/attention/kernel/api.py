@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from relpos_jax.attention.kernel import backward, forward
-from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, Spec
+from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, SUBLANES, Spec
 from relpos_jax.attention.kernel.skew import BACKENDS
 
 DEFAULT_BLOCK = {"triton": 64, "mosaic": 128}
@@ -81,6 +81,8 @@ def attend(
         raise ValueError(
             f"kernel attention: head_dim={head_dim} and block={block} must be powers of two ≥ 16"
         )
+    if backend == "mosaic" and not interpret and block % 128:
+        raise ValueError(f"kernel attention: block={block} on a TPU must be a multiple of 128 lanes")
     if (a is None) != (logit_rows is None):
         raise ValueError("kernel attention: a and logit_rows come together")
     if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):
@@ -121,10 +123,11 @@ def _pad(x: jax.Array, length: int, axis: int) -> jax.Array:
 
 
 def _descending(table: jax.Array, distances: int, block: int) -> jax.Array:
-    """``[Nt, R, C]`` ascending -> ``[Nt, R + 4S, C]`` float32, row x holding distance
-    ``R − 1 + 2S − x`` (zeros beyond the table: they feed only masked pairs)."""
+    """``[Nt, R, C]`` ascending -> ``[Nt, R + 4S + 8, C]`` float32, row x holding distance
+    ``R − 1 + 2S − x`` (zeros beyond the table: they feed only masked pairs; the last 8 rows for
+    Mosaic's aligned reads, ``common.rows_of``)."""
     table = _pad(table.astype(F32), distances, axis=1)[:, ::-1]
-    return jnp.pad(table, ((0, 0), (2 * block, 2 * block), (0, 0)))
+    return jnp.pad(table, ((0, 0), (2 * block, 2 * block + SUBLANES), (0, 0)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

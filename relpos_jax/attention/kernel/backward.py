@@ -52,13 +52,16 @@ def _present(spec: Spec) -> tuple[bool, ...]:
 
 
 def _accumulate(spec: Spec, ref, x0, value):
-    """``ref[x0 : x0 + rows] += value``: atomically on Triton (programs run at once)."""
+    """``ref[x0 : x0 + rows] += value`` (``x0`` None: the whole ``ref``): atomically on Triton
+    (programs run at once)."""
     if spec.backend == "triton":
-        rows = pl.ds(jnp.asarray(x0, jnp.int32), value.shape[0])  # (int32 under x64 too)
-        columns = pl.ds(jnp.int32(0), ref.shape[1])
+        start = jnp.int32(0) if x0 is None else jnp.asarray(x0, jnp.int32)  # (int32 under x64)
+        rows, columns = pl.ds(start, value.shape[0]), pl.ds(jnp.int32(0), ref.shape[1])
         pltriton.atomic_add(ref, (rows, columns), value)
+    elif x0 is None:
+        ref[...] += value
     else:
-        ref[pl.ds(x0, value.shape[0]), :] += value
+        common.add_rows(spec, ref, x0, value)
 
 
 def kernel(spec: Spec, per_head: dict[str, bool], *refs):
@@ -94,7 +97,7 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
         p = jnp.where(ok, jnp.exp(logits - lse_i), 0.0)
         dp = common.dot_nt(do_i, v_t)
         if spec.values:
-            rows = common.rows_of(r["vrows"], common.first_row(spec, delta), s)
+            rows = common.rows_of(spec, r["vrows"], common.first_row(spec, delta))
             dp = dp + skew.band(common.dot_nt(do_i, rows.astype(do_i.dtype)))
         if spec.rate:
             kept = common.kept(spec, r["seed"][...], row, i, t)
@@ -134,7 +137,7 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
             if spec.band or spec.bias:
                 by_distance = skew.spread(ds)
             if spec.band:
-                rows = common.rows_of(r["rows"], x0, s).astype(F32)
+                rows = common.rows_of(spec, r["rows"], x0).astype(F32)
                 da = da + common.dot(by_distance, rows)
                 _accumulate(spec, r["d_rows"], x0, common.dot_tn(by_distance, a_g.astype(F32)))
             if spec.bias:
@@ -146,7 +149,7 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
             if spec.fire:
                 delta = spec.offset + (g - t) * s
                 row = fire.gradient(spec, r["fire"], delta, g, ds)
-                _accumulate(spec, r["d_fire"], 0, row)
+                _accumulate(spec, r["d_fire"], None, row)
             return dq, da
 
         zeros = jnp.zeros(q_g.shape, F32)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from relpos_jax.attention.kernel import skew as skew_lib
 
@@ -74,8 +75,32 @@ def unit_query(spec: Spec) -> jax.Array:
     return (lanes == 0).astype(F32)
 
 
-def rows_of(ref, x0, size: int):
-    return ref[pl.ds(x0, 2 * size), :]
+SUBLANES = 8  # Mosaic reads and writes rows at multiples of this; tables carry as many more rows
+
+
+def rows_of(spec: Spec, ref, x0) -> jax.Array:
+    """The ``2S`` table rows from ``x0``: on Mosaic, the aligned rows around them rotated into
+    place (a dynamic row offset off the 8-row tiling is not a plain load there)."""
+    count = 2 * spec.block
+    if spec.backend == "triton":
+        return ref[pl.ds(x0, count), :]
+    base, off, width = _aligned(x0, count)
+    window = ref[pl.ds(base, width), :].astype(F32)
+    return pltpu.roll(window, jax.lax.rem(width - off, jnp.int32(width)), 0)[:count]
+
+
+def add_rows(spec: Spec, ref, x0, value) -> None:
+    """``ref[x0 : x0 + rows] += value`` on Mosaic (the aligned rows around them)."""
+    base, off, width = _aligned(x0, value.shape[0])
+    padded = jnp.concatenate([value, jnp.zeros((width - value.shape[0], value.shape[1]), F32)])
+    ref[pl.ds(base, width), :] += pltpu.roll(padded, off, 0)
+
+
+def _aligned(x0, count: int):
+    """``(base, off, width)``: ``x0 = base + off``, ``base`` a multiple of ``SUBLANES``, and the
+    ``width = count + SUBLANES`` rows from ``base`` cover the ``count`` from ``x0``."""
+    off = jax.lax.rem(x0, jnp.int32(SUBLANES))
+    return pl.multiple_of(x0 - off, SUBLANES), off, count + SUBLANES
 
 
 def logits(spec: Spec, skew: skew_lib.Skew, q, a, k, rows_ref, bias_ref, delta):
@@ -83,9 +108,9 @@ def logits(spec: Spec, skew: skew_lib.Skew, q, a, k, rows_ref, bias_ref, delta):
     s = spec.scale * dot_nt(q, k)
     x0 = first_row(spec, delta)
     if spec.band:
-        s = s + skew.band(dot_nt(a, rows_of(rows_ref, x0, spec.block).astype(a.dtype)))
+        s = s + skew.band(dot_nt(a, rows_of(spec, rows_ref, x0).astype(a.dtype)))
     if spec.bias:
-        s = s + skew.band(dot_nt(unit_query(spec), rows_of(bias_ref, x0, spec.block)))
+        s = s + skew.band(dot_nt(unit_query(spec), rows_of(spec, bias_ref, x0)))
     return s
 
 

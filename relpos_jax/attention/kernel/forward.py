@@ -59,7 +59,7 @@ def kernel(spec: Spec, *refs):
             e = jnp.where(kept, e * (1.0 / (1.0 - spec.rate)), 0.0)
         acc = alpha * acc + common.dot(e.astype(v.dtype), v)
         if spec.values:
-            rows = common.rows_of(r["vrows"], common.first_row(spec, delta), s)
+            rows = common.rows_of(spec, r["vrows"], common.first_row(spec, delta))
             acc = acc + common.dot(skew.spread(e), rows.astype(F32))
         return m_new, l, acc
 
