@@ -82,7 +82,9 @@ def attend(
             f"kernel attention: head_dim={head_dim} and block={block} must be powers of two ≥ 16"
         )
     if backend == "mosaic" and not interpret and block % 128:
-        raise ValueError(f"kernel attention: block={block} on a TPU must be a multiple of 128 lanes")
+        raise ValueError(
+            f"kernel attention: block={block} on a TPU must be a multiple of 128 lanes"
+        )
     if (a is None) != (logit_rows is None):
         raise ValueError("kernel attention: a and logit_rows come together")
     if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):
