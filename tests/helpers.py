@@ -70,3 +70,37 @@ def tiny_flags(config, workdir) -> list[str]:
         "--config.data.batch_size=4",
         "--config.train.eval_every=0",
     ]  # fmt: skip
+
+
+def assert_dropout_gradient_is_the_forwards(model, tokens, mems, moves: float) -> None:
+    """Attention dropout through ``model`` in training: the gradient is the derivative of the loss
+    the forward computed (a central difference along it, the same dropout key every call), taken
+    along the attention's own parameters (the query projection, W_R, u, v), which the dropped
+    weights reach, where a gradient taken with other masks would show; and the loss moves by more
+    than ``moves`` against no dropout (the weights are dropped)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @functools.partial(jax.jit, static_argnames="deterministic")
+    def loss(params, rest, deterministic=False):  # the same key every call: rest is not updated
+        merged = nnx.merge(graphdef, params, rest)
+        return (merged(tokens, mems, deterministic=deterministic)[0] ** 2).mean()
+
+    def in_attention(path) -> bool:
+        names = jax.tree_util.keystr(path)
+        return any(f"'{name}'" in names for name in ("w_q", "w_r", "u", "v"))
+
+    grads = jax.jit(jax.grad(loss))(params, rest)
+    grads = jax.tree.map_with_path(
+        lambda path, g: g if in_attention(path) else jnp.zeros_like(g), grads
+    )
+    norm = jnp.sqrt(sum((g**2).sum() for g in jax.tree.leaves(grads)))
+    step = jax.tree.map(lambda g: 1e-2 * g / norm, grads)
+    up, down = (loss(jax.tree.map(f, params, step), rest) for f in (jnp.add, jnp.subtract))
+    np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
+    assert abs(float(loss(params, rest)) - float(loss(params, rest, deterministic=True))) > moves

@@ -7,7 +7,6 @@ tiled path. The kernels against a float64 reference are ``kernel_vs_reference_te
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ from relpos_jax.attention import fused
 from relpos_jax.attention.kernel import api as kernel_api
 from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
+from tests.helpers import assert_dropout_gradient_is_the_forwards
 
 MEM, SEG = 13, 20  # window 33: blocks of 16 give 2 query blocks and 3 key blocks
 FUSED = [p for p in POSITIONS if schemes.get(p).fused]
@@ -113,11 +113,6 @@ def test_a_bad_kernel_block_or_head_dim_is_refused_in_one_line():
     TransformerLM(dict(narrow, position="deberta"), rngs=nnx.Rngs(0))  # the tiled path runs it
 
 
-def _in_attention(path) -> bool:
-    names = jax.tree_util.keystr(path)
-    return any(f"'{name}'" in names for name in ("w_q", "w_r", "u", "v"))
-
-
 @pytest.mark.parametrize("position", ["txl", "shaw", "alibi"])
 def test_generation_through_the_kernels_equals_the_tiled_path(position):
     """Greedy one-token steps (a query block of one padded position) over a key/value memory."""
@@ -128,29 +123,11 @@ def test_generation_through_the_kernels_equals_the_tiled_path(position):
 
 
 def test_attention_dropout_through_the_kernels_drops_the_same_weights_forward_and_backward():
-    """dropatt 0.3 in training: the gradient is the derivative of the loss the forward computed
-    (a central difference along it, with the same key), and the weights are dropped."""
+    """dropatt 0.3 in training: the kernels' hash draws the same masks forward and backward."""
     _, kernel = _pair("txl", dropatt=0.3)
     tokens = jax.random.randint(jax.random.PRNGKey(5), (2, SEG), 0, 256)
     mems = _memories(kernel, tokens)[f"{MEM} valid"]
-    graphdef, params, rest = nnx.split(kernel, nnx.Param, ...)
-
-    @functools.partial(jax.jit, static_argnames="deterministic")
-    def loss(params, rest, deterministic=False):  # the same dropout key every call: rest is fixed
-        model = nnx.merge(graphdef, params, rest)
-        return (model(tokens, mems, deterministic=deterministic)[0] ** 2).mean()
-
-    grads = jax.jit(jax.grad(loss))(params, rest)
-    # along the attention's own parameters, which the dropped weights reach (elsewhere a gradient
-    # taken with other masks would still be close)
-    grads = jax.tree.map_with_path(
-        lambda path, g: g if _in_attention(path) else jnp.zeros_like(g), grads
-    )
-    norm = jnp.sqrt(sum((g**2).sum() for g in jax.tree.leaves(grads)))
-    step = jax.tree.map(lambda g: 1e-2 * g / norm, grads)
-    up, down = (loss(jax.tree.map(f, params, step), rest) for f in (jnp.add, jnp.subtract))
-    np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
-    assert abs(float(loss(params, rest)) - float(loss(params, rest, deterministic=True))) > 1e-6
+    assert_dropout_gradient_is_the_forwards(kernel, tokens, mems, moves=1e-6)
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ Tq ≠ Tk and tiles that divide neither the segment nor the window (``model.atte
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from flax import nnx
 from relpos_jax import ConfigError, TransformerLM
 from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
+from tests.helpers import assert_dropout_gradient_is_the_forwards
 
 MEM = 9  # window K = 9 + 7 = 16 keys; tiles of 5 keys by 3 queries divide neither length
 
@@ -96,40 +96,16 @@ def test_a_bad_attention_impl_or_tile_is_refused_in_one_line():
             TransformerLM(dict(position="txl", **{field: value}), rngs=nnx.Rngs(0))
 
 
-def _in_attention(path) -> bool:
-    names = jax.tree_util.keystr(path)
-    return any(f"'{name}'" in names for name in ("w_q", "w_r", "u", "v"))
-
-
 def test_attention_dropout_in_tiles_is_the_same_in_forward_and_backward():
     """dropatt 0.3 through the whole model in tiles of 5 × 3: the backward redraws each tile's mask
-    from its key, so the gradient is the derivative of the loss the forward computed (a central
-    difference along it, with the same key); and the weights are dropped (the loss moves)."""
+    from its key, so the gradient is the derivative of the loss the forward computed."""
     dense, _ = _pair("txl", dropatt=0.3)
     tiled = with_config(
         dense, dataclasses.replace(dense.config, attention_impl="tiled", key_tile=5, query_tile=3)
     )
     tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 7), 0, 256)
     mems = _memories(dense, tokens)[f"{MEM} valid slots"]
-    graphdef, params, rest = nnx.split(tiled, nnx.Param, ...)
-
-    @functools.partial(jax.jit, static_argnames="deterministic")
-    def loss(params, rest, deterministic=False):  # the same key every call: rest is not updated
-        model = nnx.merge(graphdef, params, rest)
-        return (model(tokens, mems, deterministic=deterministic)[0] ** 2).mean()
-
-    grads = jax.jit(jax.grad(loss))(params, rest)
-    # along the attention's own parameters (the query projection, W_R, u, v), which the dropped
-    # weights reach: elsewhere a gradient taken with other masks would still be close
-    grads = jax.tree.map_with_path(
-        lambda path, g: g if _in_attention(path) else jnp.zeros_like(g), grads
-    )
-    norm = jnp.sqrt(sum((g**2).sum() for g in jax.tree.leaves(grads)))
-    step = jax.tree.map(lambda g: 1e-2 * g / norm, grads)
-    up = loss(jax.tree.map(jnp.add, params, step), rest)
-    down = loss(jax.tree.map(jnp.subtract, params, step), rest)
-    np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
-    assert abs(float(loss(params, rest) - loss(params, rest, deterministic=True))) > 1e-3
+    assert_dropout_gradient_is_the_forwards(tiled, tokens, mems, moves=1e-3)
 
 
 @pytest.mark.parametrize("position", ["txl", "shaw", "t5", "rope", "deberta"])
