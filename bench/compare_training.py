@@ -1,19 +1,25 @@
-"""Equal steps, equal sizes, same data: Transformer-XL with memory vs without, and vs x-transformers.
+"""Equal steps, sizes, data and schedule: relpos_jax against x-transformers, with memory and
+without, over seeds.
 
-    .venv/bin/python -m bench.compare_training [--steps 500] [--skip-ours]
+    python -m bench.compare_training [--schemes alibi,t5,rope] [--mem-len 64] [--seeds 0,1]
+        [--steps 600] [--set model.n_layers=4 ...] [--dry-run] [--finished-only]
 
-Runs, one after the other on the embedded pystdlib corpus with txl_small's sizes and hyperparameters
-(6 layers, d_model 256, 4x64 heads, d_ff 1024, segment 128, batch 16, Adam 1e-3, 50 warm-up steps,
-cosine, clip 0.25, no dropout):
+For each scheme, memory (``--mem-len`` and 0) and seed, two runs:
 
-1. relpos_jax txl_small, memory 128  (``train.py`` then ``eval.py``)
-2. relpos_jax txl_small, memory 0
-3. x-transformers (PyTorch CPU), XL memory 128 (``max_mem_len``) with its T5 relative bias, trained
-   with the same optimizer, schedule, clipping and batches, evaluated with the same protocol (every
-   test token once, rows of contiguous text, segment 128, memory carried); once with tied
-   embeddings (as ours) and once with its default untied output layer.
+* relpos_jax: one ``train.py`` and one ``eval.py`` command line (``configs/<scheme>_small.py``,
+  ``txl_small.py`` for txl, then ``--set``), as every sweep (``bench.sweep``);
+* x-transformers (CPU PyTorch, the ``bench`` extra): ``python -m bench.compare_training --peer
+  SCHEME:MEMORY:SEED`` with the same flags, built from the same config: its ALiBi
+  (``alibi_pos_bias``), T5 bias (``rel_pos_bias``) or rotary embeddings, pre- or post-norm as
+  ``model.pre_norm``, its output layer tied as ``model.tie_embeddings``, XL memory of the same
+  length (``max_mem_len``: the layers' input states, normalised as the layer normalises its input,
+  no gradient); trained with the same Adam, warm-up and cosine schedule, clipping, seed and batches,
+  and evaluated as ``eval.py`` evaluates (every test token once, rows of contiguous text, memory
+  carried). Its result is a JSON in the run folder, reused when it is there.
 
-Prints a markdown table of test bpc. Needs the ``bench`` extra for step 3.
+Writes ``compare_training.json`` (settings, every run's test bpc) in ``--out`` and renders
+``compare_training.md`` from it: test bpc (mean ± sd over seeds) of each library, scheme and memory,
+and memory's effect (memory − none) in each library, marked where it exceeds twice the spread.
 """
 
 from __future__ import annotations
@@ -21,56 +27,51 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import subprocess
+import shlex
 import sys
 import time
 
 from bench import args as options
+from bench import sweep
+from bench.ablation import config_file, overrides
 from bench.measure import ROOT
 
-
-def run_ours(workdir: pathlib.Path, steps: int, mem_len: int) -> dict:
-    done = workdir / "eval.json"
-    if (
-        done.exists() and json.loads(done.read_text()).get("step") == steps
-    ):  # finished before: reuse
-        return {"test_bpc": json.loads(done.read_text())["test"]["bpc"], "minutes": float("nan")}
-    overrides = [f"--config.train.steps={steps}", f"--config.model.mem_len={mem_len}"]
-    common = ["--config", "configs/txl_small.py", "--workdir", str(workdir), *overrides]
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "train.py", *common], cwd=ROOT, check=True)
-    minutes = (time.perf_counter() - start) / 60
-    subprocess.run([sys.executable, "eval.py", *common, "--splits", "test"], cwd=ROOT, check=True)
-    result = json.loads((workdir / "eval.json").read_text())
-    return {"test_bpc": result["test"]["bpc"], "minutes": minutes}
+PEER_SCHEMES = ("alibi", "t5", "rope")  # what x-transformers offers of ours
 
 
-def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
+def _config(scheme: str, mem_len: int, seed: int, sets, steps: int):
+    from relpos_jax.config import Config, load_config
+
+    settings = [f"train.steps={steps}", *overrides(mem_len, seed, sets)]
+    return Config.from_any(load_config(ROOT / config_file(scheme), settings))
+
+
+def run_peer(scheme: str, mem_len: int, seed: int, sets, steps: int) -> dict:
+    """Train and evaluate x-transformers as the module docstring says: ``{"test_bpc", "minutes"}``."""
     import numpy as np
     import torch
     from x_transformers import Decoder, TransformerWrapper
 
     from relpos_jax import data
-    from relpos_jax.config import Config, load_config
 
-    cfg = Config.from_any(load_config(ROOT / "configs" / "txl_small.py"))
+    cfg = _config(scheme, mem_len, seed, sets, steps)
     m, d, t = cfg.model, cfg.data, cfg.train
-    torch.manual_seed(t.seed)
+    torch.manual_seed(seed)
+    position = {
+        "alibi": {"alibi_pos_bias": True},
+        "t5": {"rel_pos_bias": True, "rel_pos_num_buckets": m.t5_num_buckets,
+               "rel_pos_max_distance": m.t5_max_distance},
+        "rope": {"rotary_pos_emb": True},
+    }[scheme]  # fmt: skip
     model = TransformerWrapper(
-        num_tokens=m.vocab_size,
-        max_seq_len=d.segment_len,
-        max_mem_len=m.mem_len,
-        tie_embedding=tie_embedding,
-        use_abs_pos_emb=False,
+        num_tokens=m.vocab_size, max_seq_len=d.segment_len, max_mem_len=mem_len,
+        tie_embedding=m.tie_embeddings, use_abs_pos_emb=False,
         attn_layers=Decoder(
-            dim=m.d_model,
-            depth=m.n_layers,
-            heads=m.n_heads,
-            attn_dim_head=m.head_dim,
-            ff_mult=m.d_ff // m.d_model,
-            rel_pos_bias=True,
+            dim=m.d_model, depth=m.n_layers, heads=m.n_heads, attn_dim_head=m.head_dim,
+            ff_mult=m.d_ff // m.d_model, pre_norm=m.pre_norm, attn_dropout=m.dropatt,
+            ff_dropout=m.dropout, **position,
         ),
-    )
+    )  # fmt: skip
     optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=(t.b1, t.b2))
 
     def lr_at(step: int) -> float:  # optax.warmup_cosine_decay_schedule, end value 0
@@ -79,73 +80,147 @@ def run_x_transformers(steps: int, tie_embedding: bool) -> dict:
         progress = min(1.0, (step - t.warmup_steps) / max(1, steps - t.warmup_steps))
         return t.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
-    train = data.open_data(d, "train")
-    dataset = data.train_dataset(train, d.batch_size, d.segment_len)
+    def scored(batch, mems):
+        inputs = torch.from_numpy(np.asarray(batch["inputs"])).long()
+        logits, mems = model(inputs, mems=mems if mem_len else None, return_mems=True)
+        losses = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, m.vocab_size),
+            torch.from_numpy(np.asarray(batch["targets"])).long().reshape(-1), reduction="none",
+        )  # fmt: skip
+        return losses, [x.detach() for x in mems]
+
+    dataset = data.train_dataset(data.open_data(d, "train"), d.batch_size, d.segment_len)
     mems, start = None, time.perf_counter()
     model.train()
     for step in range(steps):
-        batch = dataset[step]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        logits, mems = model(torch.from_numpy(batch["inputs"]).long(), mems=mems, return_mems=True)
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, m.vocab_size), torch.from_numpy(batch["targets"]).long().reshape(-1)
-        )
+        losses, mems = scored(dataset[step], mems)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses.mean().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
         optimizer.step()
-        mems = [x.detach() for x in mems]
-        if (step + 1) % 50 == 0:
-            print(
-                f"x-transformers step {step + 1}: train bpc {loss.item() / math.log(2):.4f}",
-                flush=True,
-            )
     minutes = (time.perf_counter() - start) / 60
     model.eval()
-    test = data.open_data(d, "test")
     total, count, mems = 0.0, 0.0, None
     with torch.no_grad():
-        for batch in data.eval_batches(test, cfg.eval.batch_size, d.segment_len):
-            logits, mems = model(
-                torch.from_numpy(batch["inputs"]).long(), mems=mems, return_mems=True
-            )
-            losses = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, m.vocab_size),
-                torch.from_numpy(batch["targets"]).long().reshape(-1),
-                reduction="none",
-            )
+        for batch in data.eval_batches(data.open_data(d, "test"), cfg.eval.batch_size,
+                                       d.segment_len):  # fmt: skip
+            losses, mems = scored(batch, mems)
             weights = torch.from_numpy(np.asarray(batch["weights"])).reshape(-1)
             total += float((losses * weights).sum())
             count += float(weights.sum())
-    return {"test_bpc": total / count / math.log(2), "minutes": minutes}
+    return {"test_bpc": total / count / math.log(2), "minutes": minutes, "step": steps}
+
+
+def _peer_file(runs: pathlib.Path, scheme: str, mem_len: int, seed: int) -> pathlib.Path:
+    return runs / f"x-transformers_{scheme}_mem{mem_len}_seed{seed}" / "result.json"
+
+
+def _peer_command(args, key: str) -> str:
+    flags = ["--steps", str(args.steps), "--runs", str(args.runs), "--peer", key]
+    sets = [f"--set={s}" for s in args.set]
+    return shlex.join(["python", "-m", "bench.compare_training", *flags, *sets])
+
+
+def render(results: dict) -> str:
+    s = results["settings"]
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for run in results["runs"]:
+        key = (run["scheme"], run["library"], run["memory"])
+        groups.setdefault(key, []).append(run["test_bpc"])
+    lines = [
+        "# relpos_jax against x-transformers: memory at equal steps",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"Machine: {s['machine']}; commit {s['commit']}; {s['date']}.",
+        "",
+        f"{s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}, overrides: "
+        f"{', '.join(f'`{x}`' for x in s['sets']) or 'none'}. Test bpc over every token of the "
+        "split, mean ± sd over the seeds; *memory effect*: memory − none (negative: memory helps), "
+        "* where it exceeds twice the spread.",
+        "",
+        "| scheme | library | memory | test bpc | memory effect |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for scheme in s["schemes"]:
+        for library in ("relpos_jax", "x-transformers"):
+            with_memory = groups.get((scheme, library, s["mem_len"]), [])
+            without = groups.get((scheme, library, 0), [])
+            for memory, values in ((s["mem_len"], with_memory), (0, without)):
+                effect = ""
+                if memory and with_memory and without:
+                    delta = sweep.mean_sd(with_memory)[0] - sweep.mean_sd(without)[0]
+                    effect = f"{delta:+.4f}{' *' if sweep.apart(with_memory, without) else ''}"
+                lines.append(
+                    f"| {scheme} | {library} | {memory} | {sweep.mean_sd_text(values, 4)} | "
+                    f"{effect} |"
+                )
+    return "\n".join([*lines, *sweep.missing_lines(s)]) + "\n"
 
 
 def main() -> None:
     parser = options.parser(__doc__)
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=600)
+    options.add_schemes(parser, PEER_SCHEMES)
+    parser.add_argument("--seeds", type=options.ints, default="0,1", help="train.seed values")
+    parser.add_argument("--mem-len", type=int, default=64, help="the memory runs' mem_len")
+    parser.add_argument("--peer", help="SCHEME:MEMORY:SEED: run that x-transformers run only")
+    sweep.add_options(parser)
     options.add_runs(parser, "runs/compare_training")
-    parser.add_argument("--skip-ours", action="store_true", help="only the x-transformers runs")
-    parser.add_argument(
-        "--peers",
-        nargs="+",
-        default=["tied", "untied"],
-        choices=["tied", "untied"],
-        help="x-transformers with tied embeddings (as ours) and/or its default (untied)",
-    )
+    options.add_out(parser)
+    options.add_overrides(parser)
     args = parser.parse_args()
-    runs = pathlib.Path(args.runs)
-    rows = []
-    if not args.skip_ours:
-        rows.append(("relpos_jax txl, memory 128", run_ours(runs / "txl_mem128", args.steps, 128)))
-        rows.append(("relpos_jax txl, memory 0", run_ours(runs / "txl_mem0", args.steps, 0)))
-    for peer in args.peers:
-        result = run_x_transformers(args.steps, tie_embedding=peer == "tied")
-        rows.append((f"x-transformers T5 bias, XL memory 128, {peer} embeddings", result))
-    print(f"\n{args.steps} steps each, txl_small sizes and hyperparameters, pystdlib\n")
-    print("| model | test bpc | train minutes |\n|---|---:|---:|")
-    for name, result in rows:
-        print(f"| {name} | {result['test_bpc']:.4f} | {result['minutes']:.1f} |")
+    runs_dir = pathlib.Path(args.runs)
+    if args.peer:
+        scheme, mem_len, seed = args.peer.split(":")
+        result = run_peer(scheme, int(mem_len), int(seed), args.set, args.steps)
+        sweep.write(_peer_file(runs_dir, scheme, int(mem_len), int(seed)), result)
+        return
+    keys = [(s, m, seed) for s in args.schemes for m in (args.mem_len, 0) for seed in args.seeds]
+    ours = {
+        key: sweep.Run(
+            name=f"{key[0]}_mem{key[1]}_seed{key[2]}", workdir=runs_dir / f"{key[0]}_mem{key[1]}"
+            f"_seed{key[2]}", config=config_file(key[0]),
+            settings=(f"train.steps={args.steps}", *overrides(key[1], key[2], args.set)),
+        )
+        for key in keys
+    }  # fmt: skip
+    if args.dry_run:
+        print(sweep.dry_run(list(ours.values())))
+        print("\n".join(_peer_command(args, ":".join(map(str, key))) for key in keys))
+        return
+    finished = sweep.finish(ours, args)
+    _, evaluated, missing = finished
+    rows = [
+        {"scheme": s, "library": "relpos_jax", "memory": m, "seed": seed,
+         "test_bpc": evaluated[run.name]["test"]["bpc"]}
+        for (s, m, seed), run in ours.items() if run.name in evaluated
+    ]  # fmt: skip
+    for scheme, mem_len, seed in keys:
+        path = _peer_file(runs_dir, scheme, mem_len, seed)
+        name = f"x-transformers {scheme}_mem{mem_len}_seed{seed}"
+        if not path.exists() and not args.finished_only:
+            print(f"{name}: running", file=sys.stderr, flush=True)
+            result = run_peer(scheme, mem_len, seed, args.set, args.steps)
+            sweep.write(path, result)
+        if not path.exists() or json.loads(path.read_text()).get("step") != args.steps:
+            missing.append(name)
+            continue
+        rows.append({"scheme": scheme, "library": "x-transformers", "memory": mem_len,
+                     "seed": seed, "test_bpc": json.loads(path.read_text())["test_bpc"]})  # fmt: skip
+    results = {
+        "settings": sweep.settings(
+            ["bench.compare_training", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
+            seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
+            missing=missing,
+        ),
+        "runs": rows,
+    }  # fmt: skip
+    out = pathlib.Path(args.out)
+    sweep.write(out / "compare_training.json", results)
+    (out / "compare_training.md").write_text(render(results))
+    print(render(results))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,38 @@ def test_the_recl_table_is_rendered_from_its_json_with_spreads():
     assert "| txl, memory 64 | ≥64 ± 0 | ≥48 ± 23 | 32 ± 0 |" in table  # its pair, as a group
 
 
+def test_the_library_comparison_is_rendered_from_its_json_with_memorys_effect():
+    from bench import compare_training
+
+    def bpc(library, memory, seed):  # memory helps x-transformers beyond 2 sd, ours within
+        gain = {"relpos_jax": 0.01, "x-transformers": 0.09}[library] if memory else 0.0
+        return 2.0 - gain + 0.01 * seed
+
+    runs = [
+        {"scheme": "alibi", "library": library, "memory": memory, "seed": seed,
+         "test_bpc": bpc(library, memory, seed)}
+        for library in ("relpos_jax", "x-transformers") for memory in (64, 0) for seed in (0, 1)
+    ]  # fmt: skip
+    settings = sweep.settings(["bench.compare_training"], steps=600, mem_len=64, seeds=[0, 1],
+                              schemes=["alibi"], sets=["model.n_layers=4"])  # fmt: skip
+    table = compare_training.render({"settings": settings, "runs": runs})
+    assert "| alibi | relpos_jax | 64 | 1.9950 ± 0.0071 | -0.0100 |" in table
+    assert "| alibi | x-transformers | 64 | 1.9150 ± 0.0071 | -0.0900 * |" in table
+    assert "| alibi | x-transformers | 0 | 2.0050 ± 0.0071 |  |" in table
+
+
+def test_the_library_comparison_lists_both_libraries_runs_as_command_lines():
+    flags = ["--dry-run", "--schemes", "alibi", "--seeds", "0,1", "--steps", "5"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.compare_training", *flags, "--runs", "runs/cmp"],
+        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
+    )  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 * 2 * 2  # libraries × memory × seeds
+    assert all(line.startswith("python train.py") for line in lines[:4])
+    assert shlex.split(lines[-1])[-2:] == ["--peer", "alibi:0:1"]
+
+
 def test_a_runs_validation_curve_keeps_one_value_a_step(tmp_path):
     lines = [{"step": 5, "train/bpc": 3.0}, {"step": 10, "valid/bpc": 2.5},
              {"step": 20, "valid/bpc": 2.2}, {"step": 20, "valid/bpc": 2.1}]  # fmt: skip
