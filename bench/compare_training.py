@@ -10,8 +10,8 @@ For each scheme, memory (``--mem-len`` and 0) and seed, two runs:
   ``txl_small.py`` for txl, then ``--set``), as every sweep (``bench.sweep``);
 * x-transformers (CPU PyTorch, the ``bench`` extra): ``python -m bench.compare_training --peer
   SCHEME:MEMORY:SEED`` with the same flags, built from the same config: its ALiBi
-  (``alibi_pos_bias``), T5 bias (``rel_pos_bias``) or rotary embeddings, pre- or post-norm as
-  ``model.pre_norm``, its output layer tied as ``model.tie_embeddings``, XL memory of the same
+  (``alibi_pos_bias``), T5 bias (``rel_pos_bias``) or rotary embeddings, a ReLU feed-forward layer
+  (as ours; its default is GELU), pre- or post-norm as ``model.pre_norm``, its output layer tied as ``model.tie_embeddings``, XL memory of the same
   length (``max_mem_len``: the layers' input states, normalised as the layer normalises its input,
   no gradient); trained with the same Adam, warm-up and cosine schedule, clipping, seed and batches,
   and evaluated as ``eval.py`` evaluates (every test token once, rows of contiguous text, memory
@@ -68,8 +68,8 @@ def run_peer(scheme: str, mem_len: int, seed: int, sets, steps: int) -> dict:
         tie_embedding=m.tie_embeddings, use_abs_pos_emb=False,
         attn_layers=Decoder(
             dim=m.d_model, depth=m.n_layers, heads=m.n_heads, attn_dim_head=m.head_dim,
-            ff_mult=m.d_ff // m.d_model, pre_norm=m.pre_norm, attn_dropout=m.dropatt,
-            ff_dropout=m.dropout, **position,
+            ff_mult=m.d_ff // m.d_model, ff_custom_activation=torch.nn.ReLU(),
+            pre_norm=m.pre_norm, attn_dropout=m.dropatt, ff_dropout=m.dropout, **position,
         ),
     )  # fmt: skip
     optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=(t.b1, t.b2))
