@@ -9,7 +9,8 @@ Trains ``configs/<scheme>_small.py`` (txl_small's sizes, data and hyperparameter
 scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal steps, on the
 embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits test`` (every test
 token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
-on where it stopped. Writes ``ablation.json`` (settings, commit, each run's test bpc) and renders
+on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
+same steps and overrides (their folders gone: another machine, a cleaned disk). Writes ``ablation.json`` (settings, commit, each run's test bpc) and renders
 ``ablation.md`` (mean ± sd over seeds, the paper's WikiText-103 perplexities beside for reference,
 and which differences exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
 (test bpc against position in the segment, with and without memory) from it.
@@ -110,8 +111,18 @@ def render(results: dict) -> str:
             delta = summary[scheme, s["mem_len"]][0] - summary[scheme, 0][0]
             found.append(f"- {scheme}: memory {'lowers' if delta < 0 else 'raises'} test bpc "
                          f"by {abs(delta):.4f}")  # fmt: skip
-    lines += [*(found or ["- none"]), *sweep.missing_lines(s), ""]
+    reused = sweep.commits_lines(s, results["runs"], _name)
+    lines += [
+        *(found or ["- none"]),
+        *sweep.missing_lines(s),
+        *(["", *reused] if reused else []),
+        "",
+    ]
     return "\n".join(lines + _growth(results))
+
+
+def _name(run: dict) -> str:
+    return f"{run['scheme']}_mem{run['memory']}_seed{run['seed']}"
 
 
 def _eval_tokens(args) -> int:
@@ -220,8 +231,17 @@ def main() -> None:
     options.add_out(parser)
     options.add_overrides(parser)
     args = parser.parse_args()
+    out = pathlib.Path(args.out)
     runs = runs_of(args)
-    finished = sweep.finish(runs, args)
+    reused = {
+        key: row
+        for key, row in sweep.recorded(
+            out / "ablation.json", ("scheme", "memory", "seed"), steps=args.steps,
+            mem_len=args.mem_len, sets=list(args.set), eval_every=args.eval_every,
+        ).items()
+        if key in runs and runs[key].result(args.steps) is None  # a run folder here wins
+    }  # fmt: skip
+    finished = sweep.finish({k: run for k, run in runs.items() if k not in reused}, args)
     if finished is None:  # --dry-run
         return
     runs, evaluated, missing = finished
@@ -237,9 +257,8 @@ def main() -> None:
              "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position"),
              "valid_by_step": sweep.validation_curve(run.workdir)}
             for (scheme, mem_len, seed), run in runs.items()
-        ],
+        ] + list(reused.values()),
     }  # fmt: skip
-    out = pathlib.Path(args.out)
     sweep.write(out / "ablation.json", results)
     (out / "ablation.md").write_text(render(results))
     plot(results, out / "ablation.png")

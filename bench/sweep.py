@@ -153,6 +153,33 @@ def apart(a: Sequence[float], b: Sequence[float]) -> bool:
     return abs(mean_a - mean_b) > 2 * max(sd_a, sd_b)
 
 
+def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
+    """The runs an earlier write of a sweep's JSON at ``path`` holds, by the values of their
+    ``key`` fields, if its settings equal ``same`` (steps, overrides, ...; else none): a sweep
+    whose run folders are gone (another machine, a cleaned disk) reuses them instead of training
+    again. Each keeps the commit it was measured at (``commit``)."""
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    settings = earlier.get("settings", {})  # none: written before the sweeps kept settings
+    if not settings or any(settings.get(name) != value for name, value in same.items()):
+        return {}
+    return {
+        tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
+    }
+
+
+def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
+    """The table's note on runs reused from an earlier commit (``recorded``), if any, each called
+    ``name(run)``."""
+    older: dict[str, list[str]] = {}
+    for run in runs:
+        if run.get("commit", settings["commit"]) != settings["commit"]:
+            older.setdefault(run["commit"], []).append(name(run))
+    return [f"Reused from the JSON of commit {commit}: {', '.join(names)}."
+            for commit, names in older.items()]  # fmt: skip
+
+
 def write(path: pathlib.Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")

@@ -207,3 +207,22 @@ def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_p
     assert "Not finished when this was written, so left out: shaw_mem0_seed3." in ablation.render(
         results
     )
+
+
+def test_a_sweep_reuses_the_runs_its_json_holds_for_the_same_settings(tmp_path):
+    results = _results()
+    results["settings"].update(commit="abc1234", eval_every=0)
+    sweep.write(tmp_path / "ablation.json", results)
+    same = {"steps": 10, "mem_len": 64, "sets": [], "eval_every": 0}
+    held = sweep.recorded(tmp_path / "ablation.json", ("scheme", "memory", "seed"), **same)
+    assert len(held) == 12 and held["shaw", 0, 2]["test_bpc"] == 2.41
+    assert held["txl", 64, 0]["commit"] == "abc1234"  # measured there, said so in the table
+    assert not sweep.recorded(tmp_path / "ablation.json", ("scheme",), **{**same, "steps": 20})
+    assert not sweep.recorded(tmp_path / "missing.json", ("scheme",), **same)
+    (tmp_path / "old.json").write_text('{"txl/mem64": 2.27}')  # before settings were kept
+    assert not sweep.recorded(tmp_path / "old.json", ("scheme",), **same)
+    results["runs"] = [held["shaw", 0, 2], *results["runs"][:3]]  # one reused, three new
+    results["settings"]["commit"] = "def5678"
+    table = ablation.render(results)
+    assert "Reused from the JSON of commit abc1234: shaw_mem0_seed2." in table
+    assert "Reused" not in ablation.render(_results())
