@@ -1,0 +1,152 @@
+"""One table of every position scheme with memory and without, gathered from the sweeps' JSONs.
+
+    .venv/bin/python -m bench.leaderboard [--results docs/results] [--out docs/results]
+
+Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--out``, a row for each
+scheme × memory and a column for each measure, mean ± sd over seeds (n, the number of seeds):
+
+- test bpc: ``bench.ablation`` (``ablation.json``), memory as trained;
+- bpc at 4× and 16× the training length: ``bench.extrapolation`` (``extrapolation.json``), models
+  trained without memory, so on the rows without memory; the ``sized`` variant where the sweep has
+  it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
+- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), in the group of every scheme's runs;
+- needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the probe's distances; the
+  rows with memory from its ``memory`` condition, those without from ``in_segment``.
+
+A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
+reads "not measured"; nothing is typed by hand. Each column's command, commit and date follow the
+table.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+
+from bench import args as options
+from bench import sweep
+from relpos_jax.config import POSITIONS
+
+NOT_MEASURED = "not measured"
+COLUMNS = ("test bpc", "bpc at 4×", "bpc at 16×", "RECL (r = 0.1)", "needle accuracy")
+
+
+def _load(path: pathlib.Path) -> dict | None:
+    """A sweep's JSON, or None where it is missing or older than the sweeps' settings (its
+    command, commit, seeds)."""
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text())
+    settings = results.get("settings")
+    return results if isinstance(settings, dict) and "command" in settings else None
+
+
+def _ablation(results: dict, cells: dict) -> None:
+    for run in results["runs"]:
+        cells.setdefault((run["scheme"], run["memory"] > 0, "test bpc"), []).append(run["test_bpc"])
+
+
+def _extrapolation(results: dict, cells: dict) -> None:
+    train_len = results["settings"]["train_len"]
+    sized = {run["scheme"] for run in results["runs"] if run["variant"] == "sized"}
+    for run in results["runs"]:
+        wanted = "sized" if run["scheme"] in sized else "defaults"
+        if run["variant"] != wanted or run["label"] != run["scheme"]:
+            continue  # the other variant, or one of RoPE's extensions
+        by_length = run["bpc"]["non-overlapping"]
+        for factor in (4, 16):
+            if str(train_len * factor) in by_length:
+                key = (run["scheme"], False, f"bpc at {factor}×")
+                cells.setdefault(key, []).append(by_length[str(train_len * factor)])
+
+
+def _recl(results: dict, cells: dict) -> None:
+    for run in results["runs"]:
+        if run.get("scheme") is None:
+            continue  # a --run group, not the ablation's
+        memory = not run["label"].endswith(", memory 0")
+        cells.setdefault((run["scheme"], memory, "RECL (r = 0.1)"), []).append(run["recl"]["0.1"])
+
+
+def _needle(results: dict, cells: dict) -> None:
+    rows = {"memory": True, "in_segment": False}
+    for run in results["runs"]:
+        if run["condition"] in rows and run.get("curve"):
+            accuracy = statistics.mean(point["byte_accuracy"] for point in run["curve"])
+            cells.setdefault((run["scheme"], rows[run["condition"]], "needle accuracy"), []).append(
+                accuracy
+            )
+
+
+SOURCES = {  # file: (what it fills, the column it feeds)
+    "ablation.json": (_ablation, "test bpc"),
+    "extrapolation.json": (_extrapolation, "bpc at 4×, 16×"),
+    "recl.json": (_recl, "RECL"),
+    "probe_needle.json": (_needle, "needle accuracy"),
+}
+
+
+def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict]]:
+    """({(scheme, memory?, column): [value of each seed]}, {file: its settings})."""
+    cells: dict[tuple[str, bool, str], list[float]] = {}
+    sources = {}
+    for name, (fill, _) in SOURCES.items():
+        results = _load(results_dir / name)
+        if results is not None:
+            fill(results, cells)
+            sources[name] = results["settings"]
+    return cells, sources
+
+
+def _cell(values: list[float] | None, digits: int) -> str:
+    if not values:
+        return NOT_MEASURED
+    return f"{sweep.mean_sd_text(values, digits)} ({len(values)})"
+
+
+def render(cells: dict, sources: dict[str, dict]) -> str:
+    digits = {"RECL (r = 0.1)": 0, "needle accuracy": 3}
+    lines = [
+        "# Leaderboard: every position scheme, with memory and without",
+        "",
+        "Gathered by `python -m bench.leaderboard` from the sweeps' JSONs in this folder; mean ± "
+        "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
+        "and accuracy. Bpc at 4× and 16× the training length is measured on models trained "
+        "without memory. The settings of each measure (sizes, steps, memory) are in its table.",
+        "",
+        "| scheme | memory | " + " | ".join(COLUMNS) + " |",
+        "|---|---|" + "---:|" * len(COLUMNS),
+    ]
+    for scheme in POSITIONS:
+        for memory in (True, False):
+            row = []
+            for column in COLUMNS:
+                if memory and column.startswith("bpc at"):
+                    row.append("—")
+                    continue
+                row.append(_cell(cells.get((scheme, memory, column)), digits.get(column, 4)))
+            lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
+    lines += ["", "Where each column comes from:", ""]
+    for name, (_, column) in SOURCES.items():
+        s = sources.get(name)
+        if s is None:
+            lines.append(f"- {column}: {NOT_MEASURED} (no `{name}` with its settings yet)")
+        else:
+            lines.append(f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']})")
+    return "\n".join([*lines, ""])
+
+
+def main() -> None:
+    parser = options.parser(__doc__)
+    parser.add_argument("--results", default=str(pathlib.Path(options.ROOT) / "docs" / "results"),
+                        help="where the sweeps' JSONs are")  # fmt: skip
+    options.add_out(parser)
+    args = parser.parse_args()
+    text = render(*gather(pathlib.Path(args.results)))
+    (pathlib.Path(args.out) / "README.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The leaderboard (``bench.leaderboard``), rendered from small sweep JSONs without training."""
+
+from __future__ import annotations
+
+import json
+
+from bench import leaderboard
+
+
+def _write(path, command: str, runs: list[dict], **settings) -> None:
+    full = {"command": command, "commit": "abc1234", "date": "2026-12-03", **settings}
+    path.write_text(json.dumps({"settings": full, "runs": runs}))
+
+
+def _row(table: str, scheme: str, memory: str) -> list[str]:
+    line = next(x for x in table.splitlines() if x.startswith(f"| {scheme} | {memory} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][2:]
+
+
+def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missing(tmp_path):
+    _write(tmp_path / "ablation.json", "python -m bench.ablation", [
+        {"scheme": "txl", "memory": m, "seed": s, "test_bpc": 2.0 + 0.1 * (m == 0) + 0.01 * s}
+        for m in (64, 0) for s in range(3)
+    ])  # fmt: skip
+    _write(tmp_path / "extrapolation.json", "python -m bench.extrapolation", [
+        {"scheme": "t5", "variant": variant, "seed": s, "label": "t5",
+         "bpc": {"non-overlapping": {"128": 2.0, "512": base + s * 0.02, "2048": base + 1}}}
+        for variant, base in (("defaults", 3.0), ("sized", 2.5)) for s in range(2)
+    ] + [
+        {"scheme": "rope", "variant": "defaults", "seed": 0, "label": label,
+         "bpc": {"non-overlapping": {"512": value}}}
+        for label, value in (("rope", 4.0), ("rope+yarn", 2.2))
+    ], train_len=128)  # fmt: skip
+    old = {"settings": {"runs": "runs/recl"}, "bpc": {}}  # written before sweeps kept a command
+    (tmp_path / "recl.json").write_text(json.dumps(old))
+    _write(tmp_path / "probe_needle.json", "python -m bench.probes", [
+        {"scheme": "alibi", "condition": c, "seed": s,
+         "curve": [{"distance": 8, "byte_accuracy": a}, {"distance": 32, "byte_accuracy": 0.1}]}
+        for c, a in (("memory", 0.3), ("in_segment", 0.9), ("no_memory", 0.0)) for s in range(2)
+    ])  # fmt: skip
+    table = leaderboard.render(*leaderboard.gather(tmp_path))
+    assert _row(table, "txl", "yes")[0] == "2.0100 ± 0.0100 (3)"
+    assert _row(table, "txl", "no")[0] == "2.1100 ± 0.0100 (3)"
+    assert _row(table, "txl", "yes")[1:3] == ["—", "—"]  # extrapolation: trained without memory
+    # the sized variant (tables within the trained distances) where the sweep has it
+    assert _row(table, "t5", "no")[1:3] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
+    assert _row(table, "rope", "no")[1] == "4.0000 ± 0.0000 (1)"  # not its extensions
+    assert _row(table, "alibi", "yes")[4] == "0.200 ± 0.000 (2)"  # mean over distances
+    assert _row(table, "alibi", "no")[4] == "0.500 ± 0.000 (2)"  # in segment
+    assert _row(table, "txl", "yes")[3] == leaderboard.NOT_MEASURED  # recl.json: old format
+    assert _row(table, "none", "no") == [leaderboard.NOT_MEASURED] * 5
+    assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
+    assert "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03)" in table
+    assert leaderboard.NOT_MEASURED not in leaderboard.render(*_full(tmp_path / "full"))
+
+
+def _full(folder):
+    """Every cell measured: no "not measured" is left."""
+    from relpos_jax.config import POSITIONS
+
+    folder.mkdir()
+    _write(folder / "ablation.json", "a", [
+        {"scheme": p, "memory": m, "seed": 0, "test_bpc": 2.0} for p in POSITIONS for m in (64, 0)
+    ])  # fmt: skip
+    _write(folder / "extrapolation.json", "e", [
+        {"scheme": p, "variant": "defaults", "seed": 0, "label": p,
+         "bpc": {"non-overlapping": {"256": 2.0, "1024": 2.0}}} for p in POSITIONS
+    ], train_len=64)  # fmt: skip
+    _write(folder / "recl.json", "r", [
+        {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "recl": {"0.1": 64}}
+        for p in POSITIONS for m in (64, 0)
+    ])  # fmt: skip
+    _write(folder / "probe_needle.json", "n", [
+        {"scheme": p, "condition": c, "seed": 0, "curve": [{"distance": 8, "byte_accuracy": 1.0}]}
+        for p in POSITIONS for c in ("memory", "in_segment")
+    ])  # fmt: skip
+    return leaderboard.gather(folder)
