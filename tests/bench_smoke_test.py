@@ -215,3 +215,23 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     assert len(rows) == 2  # an evaluation row and a training row
     assert "| eval | txl | 64 |" in table and "| train | txl | 64 |" in table  # side by side
     assert "| eval | txl |" in table and "| train | txl |" in table  # the checks
+
+
+@pytest.mark.parametrize(
+    "table, script",
+    [("memory_growth/ablation", "ablation"), ("compare_training", "compare_training"),
+     ("probe_needle", "probes")],
+)  # fmt: skip
+def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
+    import importlib
+
+    render = importlib.import_module(f"bench.{script}").render
+    results = json.loads((ROOT / f"docs/results/{table}.json").read_text())
+    assert render(results) == (ROOT / f"docs/results/{table}.md").read_text()
+
+
+def test_the_committed_leaderboard_is_gathered_from_the_committed_jsons():
+    from bench import leaderboard
+
+    rendered = leaderboard.render(*leaderboard.gather(ROOT / "docs/results"))
+    assert rendered == (ROOT / "docs/results/README.md").read_text()
