@@ -220,7 +220,7 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
 @pytest.mark.parametrize(
     "table, script",
     [("memory_growth/ablation", "ablation"), ("compare_training", "compare_training"),
-     ("probe_needle", "probes")],
+     ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
