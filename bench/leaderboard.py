@@ -9,7 +9,8 @@ scheme × memory and a column for each measure, mean ± sd over seeds (n, the nu
 - bpc at 4× and 16× the training length: ``bench.extrapolation`` (``extrapolation.json``), models
   trained without memory, so on the rows without memory; the ``sized`` variant where the sweep has
   it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
-- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), in the group of every scheme's runs;
+- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), in the group of every scheme's runs,
+  "≥" where a seed still gained at the longest context measured (a lower bound);
 - needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the probe's distances; the
   rows with memory from its ``memory`` condition, those without from ``in_segment``.
 
@@ -95,18 +96,23 @@ def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict]]:
         results = _load(results_dir / name)
         if results is not None:
             fill(results, cells)
-            sources[name] = results["settings"]
+            sources[name] = {**results["settings"], "contexts": results.get("contexts")}
     return cells, sources
 
 
-def _cell(values: list[float] | None, digits: int) -> str:
+def _cell(values: list[float] | None, digits: int, longest: float | None = None) -> str:
+    """Mean ± sd (seeds); "≥" where a seed reached ``longest`` (RECL's longest context: a lower
+    bound)."""
     if not values:
         return NOT_MEASURED
-    return f"{sweep.mean_sd_text(values, digits)} ({len(values)})"
+    bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
+    return f"{bound}{sweep.mean_sd_text(values, digits)} ({len(values)})"
 
 
 def render(cells: dict, sources: dict[str, dict]) -> str:
     digits = {"RECL (r = 0.1)": 0, "needle accuracy": 3}
+    contexts = (sources.get("recl.json") or {}).get("contexts")
+    longest = {"RECL (r = 0.1)": contexts[-1]} if contexts else {}
     lines = [
         "# Leaderboard: every position scheme, with memory and without",
         "",
@@ -125,7 +131,8 @@ def render(cells: dict, sources: dict[str, dict]) -> str:
                 if memory and column.startswith("bpc at"):
                     row.append("—")
                     continue
-                row.append(_cell(cells.get((scheme, memory, column)), digits.get(column, 4)))
+                values = cells.get((scheme, memory, column))
+                row.append(_cell(values, digits.get(column, 4), longest.get(column)))
             lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
     lines += ["", "Where each column comes from:", ""]
     for name, (_, column) in SOURCES.items():

@@ -51,7 +51,10 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert _row(table, "none", "no") == [leaderboard.NOT_MEASURED] * 5
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
     assert "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03)" in table
-    assert leaderboard.NOT_MEASURED not in leaderboard.render(*_full(tmp_path / "full"))
+    full = leaderboard.render(*_full(tmp_path / "full"))
+    assert leaderboard.NOT_MEASURED not in full
+    assert _row(full, "txl", "yes")[3] == "≥128 ± 0 (1)"  # the longest context: a lower bound
+    assert _row(full, "txl", "no")[3] == "64 ± 0 (1)"
 
 
 def _full(folder):
@@ -67,9 +70,11 @@ def _full(folder):
          "bpc": {"non-overlapping": {"256": 2.0, "1024": 2.0}}} for p in POSITIONS
     ], train_len=64)  # fmt: skip
     _write(folder / "recl.json", "r", [
-        {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "recl": {"0.1": 64}}
+        {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "recl": {"0.1": 64 * (1 + (m > 0))}}
         for p in POSITIONS for m in (64, 0)
     ])  # fmt: skip
+    results = json.loads((folder / "recl.json").read_text())
+    (folder / "recl.json").write_text(json.dumps({**results, "contexts": [0, 64, 128]}))
     _write(folder / "probe_needle.json", "n", [
         {"scheme": p, "condition": c, "seed": 0, "curve": [{"distance": 8, "byte_accuracy": 1.0}]}
         for p in POSITIONS for c in ("memory", "in_segment")
