@@ -10,9 +10,10 @@ scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal s
 embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits test`` (every test
 token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
-same steps and overrides (their folders gone: another machine, a cleaned disk). Writes ``ablation.json`` (settings, commit, each run's test bpc) and renders
-``ablation.md`` (mean ± sd over seeds, the paper's WikiText-103 perplexities beside for reference,
-and which differences exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
+same steps and overrides (their folders gone: another machine, a cleaned disk). Writes
+``ablation.json`` (settings, commit, each run's test bpc) and renders ``ablation.md`` (mean ± sd
+over seeds, the paper's WikiText-103 perplexities beside for reference, and which differences
+exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
 (test bpc against position in the segment, with and without memory) from it.
 """
 
