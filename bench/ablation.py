@@ -61,7 +61,7 @@ def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
     for scheme in args.schemes:
         for mem_len in (args.mem_len, 0):
             for seed in args.seeds:
-                name = f"{scheme}_mem{mem_len}_seed{seed}"
+                name = run_name(scheme, mem_len, seed)
                 runs[scheme, mem_len, seed] = sweep.Run(
                     name=name, workdir=pathlib.Path(args.runs) / name, config=config_file(scheme),
                     settings=(
@@ -122,8 +122,13 @@ def render(results: dict) -> str:
     return "\n".join(lines + _growth(results))
 
 
+def run_name(scheme: str, mem_len: int, seed: int) -> str:
+    """A run's name, and its folder's under ``--runs``."""
+    return f"{scheme}_mem{mem_len}_seed{seed}"
+
+
 def _name(run: dict) -> str:
-    return f"{run['scheme']}_mem{run['memory']}_seed{run['seed']}"
+    return run_name(run["scheme"], run["memory"], run["seed"])
 
 
 def _eval_tokens(args) -> int:

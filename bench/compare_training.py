@@ -11,12 +11,13 @@ For each scheme, memory (``--mem-len`` and 0) and seed, two runs:
 * x-transformers (CPU PyTorch, the ``bench`` extra): ``python -m bench.compare_training --peer
   SCHEME:MEMORY:SEED`` with the same flags, built from the same config: its ALiBi
   (``alibi_pos_bias``), T5 bias (``rel_pos_bias``) or rotary embeddings (on half of each head's
-  dimensions, its default, where ours turn all of them), a ReLU feed-forward layer
-  (as ours; its default is GELU), pre- or post-norm as ``model.pre_norm``, its output layer tied as ``model.tie_embeddings``, XL memory of the same
-  length (``max_mem_len``: the layers' input states, normalised as the layer normalises its input,
-  no gradient), initialised its own way (PyTorch's defaults, token embeddings kaiming-normal, none
-  scaled by √d; ours: ``model.init_std``, embeddings scaled by √d); trained with the same Adam, warm-up and cosine schedule, clipping, seed and batches,
-  and evaluated as ``eval.py`` evaluates (every test token once, rows of contiguous text, memory
+  dimensions, its default, where ours turn all of them), a ReLU feed-forward layer (as ours; its
+  default is GELU), pre- or post-norm as ``model.pre_norm``, its output layer tied as
+  ``model.tie_embeddings``, XL memory of the same length (``max_mem_len``: the layers' input
+  states, normalised as the layer normalises its input, no gradient), initialised its own way
+  (PyTorch's defaults, token embeddings kaiming-normal, none scaled by √d; ours:
+  ``model.init_std``, embeddings scaled by √d); trained with the same Adam, warm-up and cosine
+  schedule, clipping, seed and batches, and evaluated as ``eval.py`` evaluates (every test token once, rows of contiguous text, memory
   carried). Its result is a JSON in the run folder, reused when it is there.
 
 Writes ``compare_training.json`` (settings, every run's test bpc) in ``--out`` and renders

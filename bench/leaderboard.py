@@ -21,7 +21,6 @@ table.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import statistics
 
@@ -31,16 +30,6 @@ from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
 COLUMNS = ("test bpc", "bpc at 4×", "bpc at 16×", "RECL (r = 0.1)", "needle accuracy")
-
-
-def _load(path: pathlib.Path) -> dict | None:
-    """A sweep's JSON, or None where it is missing or older than the sweeps' settings (its
-    command, commit, seeds)."""
-    if not path.exists():
-        return None
-    results = json.loads(path.read_text())
-    settings = results.get("settings")
-    return results if isinstance(settings, dict) and "command" in settings else None
 
 
 def _ablation(results: dict, cells: dict) -> None:
@@ -93,7 +82,7 @@ def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict]]:
     cells: dict[tuple[str, bool, str], list[float]] = {}
     sources = {}
     for name, (fill, _) in SOURCES.items():
-        results = _load(results_dir / name)
+        results = sweep.load(results_dir / name)
         if results is not None:
             fill(results, cells)
             sources[name] = {**results["settings"], "contexts": results.get("contexts")}

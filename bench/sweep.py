@@ -153,16 +153,26 @@ def apart(a: Sequence[float], b: Sequence[float]) -> bool:
     return abs(mean_a - mean_b) > 2 * max(sd_a, sd_b)
 
 
+def load(path: pathlib.Path) -> dict | None:
+    """A sweep's JSON at ``path``, or None where it is missing or older than the sweeps' settings
+    (their command, commit and seeds)."""
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text())
+    settings = results.get("settings")
+    return results if isinstance(settings, dict) and "command" in settings else None
+
+
 def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
     """The runs an earlier write of a sweep's JSON at ``path`` holds, by the values of their
     ``key`` fields, if its settings equal ``same`` (steps, overrides, ...; else none): a sweep
     whose run folders are gone (another machine, a cleaned disk) reuses them instead of training
     again. Each keeps the commit it was measured at (``commit``)."""
-    if not path.exists():
+    earlier = load(path)
+    if earlier is None:
         return {}
-    earlier = json.loads(path.read_text())
-    settings = earlier.get("settings", {})  # none: written before the sweeps kept settings
-    if not settings or any(settings.get(name) != value for name, value in same.items()):
+    settings = earlier["settings"]
+    if any(settings.get(name) != value for name, value in same.items()):
         return {}
     return {
         tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
