@@ -69,6 +69,18 @@ def allowed_in(cfg: TileConfig, q_pos_I, k_pos_J, valid_J, mask_IJ) -> jax.Array
     return allowed(q_pos_I, k_pos_J, valid_J, max_distance=cfg.max_distance, mask_IJ=mask_IJ)
 
 
+def may_attend(cfg: TileConfig, q_pos_I, k_pos_J, valid_J, mask_IJ, allowed_IJ) -> jax.Array:
+    """Whether some query of the tile may attend some key (else the tile is skipped): without a
+    mask, from the positions in ``O(I + J)`` (exact for contiguous query positions, as the model's
+    are; otherwise it may also visit a tile whose pairs are all masked, which adds nothing)."""
+    if mask_IJ is not None:
+        return allowed_IJ.any()
+    reach = valid_J & (k_pos_J <= q_pos_I.max())
+    if cfg.max_distance is not None:
+        reach = reach & (k_pos_J >= q_pos_I.min() - cfg.max_distance)
+    return reach.any()
+
+
 def logits(cfg: TileConfig, q, k_J, params, q_pos, k_pos_J) -> jax.Array:
     """``[B, N, I, J]`` float32 logits of the tile, before the mask."""
     s = cfg.scale * precision.einsum("binh,bjnh->bnij", q, k_J, out_dtype=F32)

@@ -33,10 +33,12 @@ positions stay contiguous. Then, FlashAttention-2's way, for each query tile:
             is summed over key tiles, dk, dv and dparams over all tiles.
 
 A tile where no query may attend any key (keys in the future of every query, beyond same_length's
-reach, or all invalid) is skipped, forward and backward. Only ``[B, N, I, J]`` is ever live, so the
-memory of a layer grows linearly with T and K. ``attention.context`` feeds the keys block by block
-around a ring of devices through ``plan``, ``forward`` (a row with no allowed key: out 0, lse
-``NEG``, so blocks merge by lse) and ``gradients`` (a block's share, given the whole softmax's).
+reach, or all invalid) is skipped, forward and backward: ``tile.may_attend`` tells from the
+positions and validity, without the tile's ``[I, J]`` mask. The forward scan takes ``UNROLL`` key
+tiles an iteration. Only ``[B, N, I, J]`` is ever live, so the memory of a layer grows linearly with
+T and K. ``attention.context`` feeds the keys block by block around a ring of devices through
+``plan``, ``forward`` (a row with no allowed key: out 0, lse ``NEG``, so blocks merge by lse) and
+``gradients`` (a block's share, given the whole softmax's).
 
 Dropout (``dropatt > 0``, ``dropout_key`` required) acts on the normalised weights: tile (i, t)
 (query tile i, key tile t) keeps ``keep_mask(fold_in(dropout_key, i·n_t + t), (B, N, I, J),
@@ -60,6 +62,8 @@ import jax.numpy as jnp
 from relpos_jax.attention import band as band_term
 from relpos_jax.attention import tile
 from relpos_jax.attention.tile import F32, NEG, TileConfig, rows_to_output, vary
+
+UNROLL = 2  # key tiles per iteration of the forward scan (XLA then fuses across a pair of tiles)
 
 
 def attend(
@@ -188,7 +192,8 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
         def skip(carry):
             return (*carry[:3], None if a is None else band_term.skipped(carry[3]))
 
-        return jax.lax.cond(allowed.any(), visit, skip, carry), None
+        visited = tile.may_attend(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ, allowed)
+        return jax.lax.cond(visited, visit, skip, carry), None
 
     init = (
         jnp.full((batch, heads, rows), NEG, F32),
@@ -196,7 +201,9 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
         jnp.zeros((batch, rows, heads, head_dim), F32),
         None if a is None else band_term.initial(a, cfg.tile, backward=False),
     )
-    (m, l, acc, _), _ = jax.lax.scan(step, vary(cfg, init), jnp.arange(cfg.num_tiles))
+    (m, l, acc, _), _ = jax.lax.scan(
+        step, vary(cfg, init), jnp.arange(cfg.num_tiles), unroll=UNROLL
+    )
     some = l > 0  # a row without an allowed key: out 0, lse NEG (a block of ``context``'s ring)
     l_safe = jnp.where(some, l, 1.0)
     return acc / rows_to_output(l_safe), jnp.where(some, m + jnp.log(l_safe), NEG)
@@ -268,7 +275,8 @@ def _backward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, lse_I, d_out_I, d_r
                 carry = (*carry[:2], band_term.flush(cfg.band, params, a, cfg.tile, carry[2]))
             return carry, (zeros, zeros)
 
-        return jax.lax.cond(allowed.any(), visit, skip, carry)
+        visited = tile.may_attend(cfg, q_pos_I, k_pos_J, valid_J, mask_IJ, allowed)
+        return jax.lax.cond(visited, visit, skip, carry)
 
     init = (
         jnp.zeros(q_I.shape, F32),
