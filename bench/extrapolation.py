@@ -2,7 +2,7 @@
 untrained-table confound: bpc against evaluation length.
 
     .venv/bin/python -m bench.extrapolation [--schemes ...] [--seeds 0,1,2] [--train-len 128]
-        [--steps 2000] [--variants defaults,sized] [--factors 1,4,16,64,256] [--tokens 262144]
+        [--steps 500] [--variants defaults,sized] [--factors 1,4,16,64,256] [--tokens 262144]
         [--set model.n_layers=4 ...] [--dry-run]
 
 Trains each scheme without memory at segment ``--train-len`` (``configs/<scheme>_small.py``, one
@@ -11,13 +11,17 @@ scores the first ``--tokens`` test tokens at lengths L = train-len × factor, wi
 
 - non-overlapping: the tokens cut into segments of L, each scored from scratch;
 - sliding window: windows of L moved by ``--stride`` (default L / 2), each scoring only its last
-  stride tokens, so that every token sees at least L − stride tokens of context.
+  stride tokens, so that every token sees at least L − stride tokens of context; only up to
+  ``--sliding-up-to`` (it costs twice a non-overlapping pass).
+
+Each length's bpc is kept in the run's folder as soon as it is measured: a stopped sweep goes on
+from there, and a sweep run again with more ``--factors`` scores only the new lengths.
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
-Learned absolute positions have no row beyond their table (``max_len``): name them with ``--schemes``
-only for lengths within it. Variants: ``defaults`` keeps the config's position tables; ``sized`` (only for the schemes that have
-tables: shaw, t5, deberta) sizes them to the trained distances, so that no row or bucket the
+Learned absolute positions have no row beyond their table (``max_len``): name them with
+``--schemes`` only for lengths within it. Variants: ``defaults`` keeps the config's position tables;
+``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained distances, so that no row or bucket the
 evaluation reads was left at its initialisation: Shaw's k = L_train − 1, T5's max distance L_train,
 DeBERTa's buckets exact to L_train / 4 and logarithmic to L_train. RoPE is also scored with its
 length extensions applied at evaluation time without retraining (factor L / train-len): position
@@ -88,54 +92,76 @@ def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
     return runs
 
 
-def measure(model, stream, length: int, args) -> dict[str, float]:
-    """Test bpc at evaluation length ``length``, non-overlapping and sliding."""
+def measure(model, stream, length: int, protocols, args) -> dict[str, float]:
+    """Test bpc at evaluation length ``length`` under each of ``protocols``."""
     from relpos_jax.evaluate import evaluate, evaluate_sliding
 
     batch = max(1, args.batch_tokens // length)
     stride = min(args.stride or max(1, length // 2), length)
-    return {
-        "non-overlapping": evaluate(
+    scorers = {
+        "non-overlapping": lambda: evaluate(
             model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=args.tokens
-        )["bpc"],
-        "sliding": evaluate_sliding(
+        ),
+        "sliding": lambda: evaluate_sliding(
             model, stream, batch_size=batch, window=length, stride=stride, max_tokens=args.tokens
-        )["bpc"],
+        ),
     }
+    return {protocol: scorers[protocol]()["bpc"] for protocol in protocols}
+
+
+def protocols_at(length: int, args) -> tuple[str, ...]:
+    """The protocols scored at ``length``: sliding windows only up to ``--sliding-up-to``."""
+    return PROTOCOLS if length <= args.sliding_up_to else PROTOCOLS[:1]
+
+
+def labels_of(scheme: str) -> tuple[tuple[str, str | None], ...]:
+    """``(label, RoPE extension)`` of the rows one run gives: its scheme, and for RoPE each
+    extension applied at evaluation."""
+    extensions = ROPE_EXTENSIONS if scheme == "rope" else ()
+    return ((scheme, None), *((f"rope+{kind}", kind) for kind in extensions))
 
 
 def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, float]]]:
-    """{label: {protocol: {L: bpc}}} of one run (its scheme, and RoPE's extensions), cached in the
-    run's ``extrapolation.json`` for these lengths, tokens and stride."""
+    """{label: {protocol: {L: bpc}}} of one run at ``args.lengths`` (its scheme, and RoPE's
+    extensions). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
+    measured (for these tokens and stride), so a stopped sweep goes on from the next length."""
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
 
-    key = {"lengths": args.lengths, "tokens": args.tokens, "stride": args.stride}
+    key = {"tokens": args.tokens, "stride": args.stride}
     cache = run.workdir / "extrapolation.json"
-    if cache.exists() and json.loads(cache.read_text()).get("key") == key:
-        return json.loads(cache.read_text())["bpc"]
-    model, cfg, _ = restore_model(load_config(ROOT / run.config, list(run.settings)), run.workdir)
-    stream = data.open_data(cfg.data, "test")
-    extensions = ROPE_EXTENSIONS if scheme == "rope" else ()
-    bpc: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in (None, *extensions):
-        label = scheme if kind is None else f"rope+{kind}"
+    stored = json.loads(cache.read_text()) if cache.exists() else {}
+    bpc: dict = stored["bpc"] if stored.get("key") == key else {}
+    model = None
+    for label, kind in labels_of(scheme):
         rows = bpc.setdefault(label, {p: {} for p in PROTOCOLS})
         for length in args.lengths:
-            impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
+            todo = [p for p in protocols_at(length, args) if str(length) not in rows[p]]
             scaling = None if kind is None else rope_scaling(kind, length / args.train_len,
                                                              args.train_len)  # fmt: skip
+            if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
+                for protocol in todo:
+                    rows[protocol][str(length)] = bpc[scheme][protocol][str(length)]
+                todo = []
+            if not todo:
+                continue
+            if model is None:
+                config = load_config(ROOT / run.config, list(run.settings))
+                model, cfg, _ = restore_model(config, run.workdir)
+                stream = data.open_data(cfg.data, "test")
+            impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
             model_config = dataclasses.replace(
                 cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
             )
-            for protocol, value in measure(with_config(model, model_config), stream, length,
-                                           args).items():  # fmt: skip
+            measured = measure(with_config(model, model_config), stream, length, todo, args)
+            for protocol, value in measured.items():
                 rows[protocol][str(length)] = value
-            print(f"  {run.name} {label} L={length}: "
-                  f"{rows['non-overlapping'][str(length)]:.4f} / {rows['sliding'][str(length)]:.4f}",
-                  flush=True)  # fmt: skip
-    cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
-    return bpc
+            cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
+            values = " / ".join(f"{p} {v:.4f}" for p, v in measured.items())
+            print(f"  {run.name} {label} L={length}: {values}", flush=True)
+    wanted = {str(n) for n in args.lengths}
+    keep = lambda by_length: {n: v for n, v in by_length.items() if n in wanted}  # noqa: E731
+    return {label: {p: keep(v) for p, v in rows.items()} for label, rows in bpc.items()}
 
 
 def _series(results: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -153,7 +179,7 @@ def _series(results: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
 
 def render(results: dict) -> str:
     s, series = results["settings"], _series(results)
-    lengths = [str(n) for n in s["lengths"]]
+    up_to = s.get("sliding_up_to") or max(s["lengths"])
     lines = [
         "# Train short, test long (the ALiBi paper's Table 2, small scale)",
         "",
@@ -167,17 +193,28 @@ def render(results: dict) -> str:
     ]
     stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
     for protocol in PROTOCOLS:
+        sliding = protocol == "sliding"
+        lengths = [str(n) for n in s["lengths"] if not sliding or n <= up_to]
         lines += [
             "",
-            f"**{protocol}**" + (f" ({stride})" if protocol == "sliding" else ""),
+            f"**{protocol}**" + (f" ({stride}; L up to {up_to:,})" if sliding else ""),
             "",
             "| scheme | " + " | ".join(f"L={n}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths),
         ]
         for row, by_protocol in series.items():
-            cells = [sweep.mean_sd_text(by_protocol[protocol][n], 3) for n in lengths]
+            by_length = by_protocol.get(protocol, {})
+            cells = [_cell(by_length.get(n, []), len(s["seeds"])) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
+
+
+def _cell(values: list[float], seeds: int) -> str:
+    """mean ± sd over the seeds measured; how many, where fewer than the sweep's; "–" for none."""
+    if not values:
+        return "–"
+    text = sweep.mean_sd_text(values, 3)
+    return text if len(values) == seeds else f"{text} ({len(values)} of {seeds} seeds)"
 
 
 def plot(results: dict, path: pathlib.Path) -> None:
@@ -190,7 +227,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     for i, protocol in enumerate(PROTOCOLS):
         ax = fig.add_subplot(1, 2, i + 1)
         for k, (row, by_protocol) in enumerate(series.items()):
-            lengths = sorted(int(n) for n in by_protocol[protocol])
+            lengths = sorted(int(n) for n in by_protocol.get(protocol, {}))
             means = [sweep.mean_sd(by_protocol[protocol][str(n)])[0] for n in lengths]
             style = "--" if row.startswith("rope+") or "(" in row else "-"
             ax.plot(lengths, means, style, marker="o", ms=3, color=colors[k % 20], label=row)
@@ -208,7 +245,9 @@ def main() -> None:
     options.add_schemes(parser, ("none", *(s for s in SCHEMES if s != "learned")))
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--train-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument(
+        "--steps", type=int, default=500, help="training steps (500: 1M tokens at batch 16 × 128)"
+    )
     parser.add_argument(
         "--variants", type=options.listed(choices=("defaults", "sized")),
         default="defaults,sized", help="position tables as configured, and sized to train-len",
@@ -217,6 +256,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=262144)
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
     parser.add_argument("--batch-tokens", type=int, default=32768)
+    parser.add_argument(
+        "--sliding-up-to", type=int, default=2048,
+        help="score sliding windows only up to this L (each costs twice a non-overlapping pass)",
+    )  # fmt: skip
     parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
     sweep.add_options(parser)
     options.add_runs(parser, "runs/extrapolation")
@@ -233,6 +276,7 @@ def main() -> None:
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
+            sliding_up_to=args.sliding_up_to,
             sets=list(args.set), missing=missing,
         ),
         "runs": [

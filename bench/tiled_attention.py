@@ -113,7 +113,8 @@ def render(results: dict) -> str:
         "# Dense and tiled attention: memory and time",
         "",
         f"Command: `{s['command']}`  ",
-        f"Machine: {s['machine']}; {_commits(results)}; {s['date']}.",
+        f"{_counted(results, 'machine', 'Machine')}; {_counted(results, 'commit', 'commit')}; "
+        f"{s['date']}.",
         "",
         "txl_small sizes, batch 1, window K = segment K/2 + full memory K/2; tiles of "
         f"{s['query_tile']} queries by {s['tile']} keys. *temp*: XLA's temporary memory of the "
@@ -206,15 +207,16 @@ def _checks(cells: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def _commits(results: dict) -> str:
-    """``commit X``, or, for a run resumed across commits, each commit and its cells' count."""
+def _counted(results: dict, key: str, name: str) -> str:
+    """``name X`` (the cells' ``key``: commit or machine), or, for a run resumed across commits or
+    machines, each value and its cells' count."""
     counts: dict[str, int] = {}
     for cell in results["cells"]:
-        at = cell.get("commit", results["settings"]["commit"])
+        at = cell.get(key, results["settings"][key])
         counts[at] = counts.get(at, 0) + 1
     if len(counts) == 1:
-        return f"commit {next(iter(counts))}"
-    return "commits " + ", ".join(f"{c} ({n} cells)" for c, n in counts.items())
+        return f"{name} {next(iter(counts))}"
+    return f"{name}s " + ", ".join(f"{c} ({n} cells)" for c, n in counts.items())
 
 
 def _mib(cell: dict, key: str) -> str:
@@ -268,7 +270,7 @@ def main() -> None:
     # Resumable: a cell already in the JSON with the same spec is kept, so a stopped run goes on
     # where it stopped (--fresh: measure everything again). The JSON is written after every cell.
     done = [] if args.fresh else _cells(out / "tiled_attention.json")
-    head = commit()
+    head, machine = commit(), f"{cpu_model()}, {os.cpu_count()} cores"
     windows_of = {"eval": args.eval_windows, "train": args.train_windows}
     tasks = {task: windows_of[task] for task in args.tasks}
     cells = []
@@ -284,7 +286,7 @@ def main() -> None:
                 cell = next((c for c in done if _spec_of(c) == spec), None)
                 if cell is None:
                     measured = isolated("bench.tiled_attention", spec)
-                    cell = {**spec, **measured, "commit": head}
+                    cell = {**spec, **measured, "commit": head, "machine": machine}
                     print(json.dumps(cell), flush=True)
                 cells.append(cell)
                 _write(out, args, tasks, head, cells + _others(done, cells))
@@ -296,7 +298,8 @@ def _cells(path: pathlib.Path) -> list[dict]:
     if not path.exists():
         return []
     earlier = json.loads(path.read_text())
-    return [{"commit": earlier["settings"]["commit"], **c} for c in earlier["cells"]]
+    stamp = {key: earlier["settings"][key] for key in ("commit", "machine")}
+    return [{**stamp, **c} for c in earlier["cells"]]
 
 
 def _spec_of(cell: dict) -> dict:

@@ -63,18 +63,24 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     command = bench(
         "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",
         "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
-        "--factors", "1,2", "--tokens", "40", "--stride", "3", "--tiled-from", "16",
+        "--tokens", "40", "--stride", "3", "--tiled-from", "16", "--sliding-up-to", "8",
         *(f"--set={s}" for s in sets),
     )  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
+    for factors in ("1,2", "1,2,4"):  # the second run scores only the new length
+        result = subprocess.run(
+            [*command, "--factors", factors], capture_output=True, text=True, timeout=600, cwd=ROOT
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    measured = [line for line in result.stdout.splitlines() if line.startswith("  ")]
+    scored = {line.split(": ")[0].split()[-1] for line in measured}
+    assert scored == {"L=32"}
     results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
     labels = {(r["label"], r["variant"]) for r in results["runs"]}
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
         (f"rope+{kind}", "defaults") for kind in extrapolation.ROPE_EXTENSIONS
     }
-    assert all(set(r["bpc"]) == {"non-overlapping", "sliding"} for r in results["runs"])
-    assert all(set(v) == {"8", "16"} for r in results["runs"] for v in r["bpc"].values())
+    lengths = [{p: set(v) for p, v in r["bpc"].items()} for r in results["runs"]]
+    assert all(n == {"non-overlapping": {"8", "16", "32"}, "sliding": {"8"}} for n in lengths)
     assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation.render(results)
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
