@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from relpos_jax import schemes
@@ -61,6 +62,13 @@ def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 @functools.cache
+def toeplitz_index(rows: int, keys: int) -> np.ndarray:
+    """``[I, J]``: where pair (i, j) of a tile, at distance ``δ + i − j``, reads the row of its
+    distances ``δ + I − 1`` (the last query against the first key) down to ``δ − J + 1``."""
+    return (rows - 1) - np.arange(rows)[:, None] + np.arange(keys)[None, :]
+
+
+@functools.cache
 def tiled_hooks(cfg: ModelConfig, memory: int):
     """The scheme's hooks as the tile callbacks of ``attention.tiled.attend``: ``logit_term`` gives
     a tile's logits beyond ``scale·q·k`` (the content query's shift, the score term, the bias),
@@ -100,8 +108,19 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
             )
         logits = inside * scale
         if overrides["bias"]:
-            logits = logits + scheme.bias(attention, tile(q_pos_I, k_pos_J), context)
+            logits = logits + tile_bias(attention, context, q_pos_I, k_pos_J)
         return logits
+
+    def tile_bias(attention, context, q_pos_I, k_pos_J):
+        """The tile's bias; a scheme's whose bias depends on the distance alone, from one row of
+        the tile's ``I + J − 1`` distances (its last query against keys from the first on), read
+        along the diagonals (``toeplitz_index``)."""
+        if not scheme.relative:
+            return scheme.bias(attention, tile(q_pos_I, k_pos_J), context)
+        rows, keys = q_pos_I.shape[0], k_pos_J.shape[0]
+        reach = k_pos_J[0] + jnp.arange(rows + keys - 1, dtype=k_pos_J.dtype)
+        row = scheme.bias(attention, tile(q_pos_I[-1:], reach), context)  # [N or 1, 1, I + J − 1]
+        return row[:, 0, toeplitz_index(rows, keys)]
 
     def value_term(params, weights_BNIJ, q_pos_I, k_pos_J):
         attention, context = layer(params)

@@ -182,7 +182,8 @@ def _forward_rows(cfg: TileConfig, i, q_I, q_pos_I, mask_I, k, v, params, k_pos,
             s = jnp.where(allowed, s, NEG)
             m_new = jnp.maximum(m, s.max(axis=-1))
             alpha = jnp.exp(m - m_new)
-            e = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
+            # a row with no allowed key yet subtracts 0: its masked logits then give e^NEG = 0
+            e = jnp.exp(s - jnp.where(m_new == NEG, 0.0, m_new)[..., None])
             l = alpha * l + e.sum(axis=-1)
             keep = tile.keep(cfg, key, i * cfg.num_tiles + t, e.shape)
             e = e if keep is None else e * keep
