@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-bench test-peers test-convert lint demo bench clean
+.PHONY: run test test-bench test-peers test-convert lint demo bench notebooks clean
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -41,6 +41,13 @@ $(CONVERT_STAMP): pyproject.toml constraints.txt
 	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)
 	$(CONVERT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,convert]"
 	rm -f $(CONVERT_VENV)/.installed-* && touch $@
+
+# Runs every notebook top to bottom and keeps its outputs in the .ipynb (the committed ones come from
+# here): with the sweeps' checkpoints in runs/ where present (python -m bench.ablation, bench.extrapolation),
+# else small models trained on the spot. Needs the notebooks extra (a kernel and nbclient).
+notebooks: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,notebooks]"
+	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace --timeout=3600 *.ipynb
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -68,9 +68,13 @@ report = {
     "alibi_slopes": np.asarray(P.alibi_slopes(4)).tolist(),
     "t5": biases["t5"].tolist(),
     "distances": distances.tolist(),
-    "figures": {name: _png(os.path.join(OUT, name)) for name in ("bias_vs_distance.png", "rope.png")},
+    "figures": {name: _png(os.path.join(OUT, name))
+                for name in ("bias_vs_distance.png", "learned_bias_vs_distance.png", "rope.png")},
     "rope_axes": len(fig.axes),
     "ramp": ramp.tolist(),
+    "learned": {s: b.tolist() for s, b in learned.items()},
+    "learned_sources": sources,
+    "far": far.tolist(),
 }
 """
 
@@ -82,8 +86,13 @@ report = {
     "unwritten_slots_max": float(weights[:, :32].max()),
     "written_slots_max": float(weights[:, 32:48].max()),
     "future_keys_max": float(max(weights[i, 48 + i + 1 :].max(initial=0.0) for i in range(16))),
-    "map_images": [list(image.get_array().shape) for image in ax.images],
-    "probe": {str(m): curve for m, curve in results.items()},
+    "map_images": [list(image.get_array().shape) for image in toy_ax.images],
+    "trained_source": source,
+    "memory_share": memory_share,
+    "trained_maps": [list(a.images[0].get_array().shape) for a in fig_maps.axes if a.images],
+    "first_position": first,
+    "needle": {f"{s}/{c}": np.mean(v, axis=0).tolist() for (s, c), v in accuracy.items()},
+    "needle_lines": [len(a.lines) for a in fig.axes],
 }
 """
 
@@ -93,7 +102,8 @@ report = {
     "lengths": lengths,
     "L": L,
     "table": table,
-    "lines": [line.get_label() for line in fig.axes[0].lines],
+    "lines": [line.get_label() for line in table_fig.axes[0].lines],
+    "scores": {n: s.tolist() for n, s in scores.items()},
 }
 """
 
@@ -119,12 +129,22 @@ def test_position_encodings_notebook_draws_every_scheme(tmp_path):
     np.testing.assert_allclose(slopes, [2**-2, 2**-4, 2**-6, 2**-8])  # Press et al., 4 heads
     t5 = np.asarray(report["t5"])
     assert len(np.unique(t5[0])) > 1 and np.all(t5[:, -1] == t5[:, -2])  # buckets, flat at the end
-    for name, png in report["figures"].items():  # both figures written, as non-empty PNGs
+    for name, png in report["figures"].items():  # every figure written, as non-empty PNGs
         assert png["magic"] == PNG_MAGIC and png["width"] > 100 and png["height"] > 100, name
     assert report["rope_axes"] == 2  # wavelengths and YaRN's ramp
     ramp = np.asarray(report["ramp"])
     assert ramp.shape == (32,) and ramp.min() == 0.0 and ramp.max() == 1.0
     assert np.all(np.diff(ramp) <= 0)  # high frequencies kept (1), low ones interpolated (0)
+    # Smoke mode trains each model here (no sweep checkpoint): 2 heads, distances 0 … 63.
+    learned, far = report["learned"], np.asarray(report["far"])
+    assert far.tolist() == list(range(64))
+    assert sorted(learned) == sorted(["t5", "alibi", "kerple", "shaw", "deberta", "txl", "rope"])
+    assert all(np.asarray(b).shape == (2, 64) and np.isfinite(b).all() for b in learned.values())
+    assert set(report["learned_sources"].values()) == {"trained here for 5 steps"}
+    slopes = [2**-4, 2**-8]  # ALiBi has nothing to learn: the trained model's bias is −slope·d
+    np.testing.assert_allclose(learned["alibi"], -np.asarray(slopes)[:, None] * far, rtol=1e-6)
+    t5 = np.asarray(learned["t5"])
+    assert np.all(t5[:, -1] == t5[:, -2])  # T5's last bucket, flat beyond max_distance
 
 
 @pytest.mark.slow
@@ -137,26 +157,48 @@ def test_memory_and_recurrence_notebook_finds_the_recurrence_exact(tmp_path):
     assert report["written_slots_max"] > 0.0  # the 16 written ones are read
     assert report["future_keys_max"] == 0.0  # causal within the segment
     assert report["map_images"] == [[16, 64]]  # the map shows those weights
-    assert sorted(report["probe"]) == ["0", "48"]  # the config's memory, and none
-    for curve in report["probe"].values():
-        assert [c["distance"] for c in curve] == [8, 24]
-        assert all(0.0 <= c["byte_accuracy"] <= 1.0 for c in curve)
+    # The trained model (smoke: 1 layer trained here, memory 64 of which 16 written, 16 queries).
+    assert report["trained_source"] == "trained here for 5 steps"
+    assert len(report["memory_share"]) == 1 and 0.0 < report["memory_share"][0] < 1.0
+    assert report["trained_maps"] == [[16, 80]]
+    # From the committed sweep JSONs: the loss by position and the needle probe's accuracy.
+    ablation = json.loads((ROOT / "docs/results/ablation.json").read_text())
+    for scheme, by_memory in report["first_position"].items():  # position 1, mean over seeds
+        for memory, value in by_memory.items():
+            runs = [
+                r for r in ablation["runs"] if (r["scheme"], str(r["memory"])) == (scheme, memory)
+            ]
+            assert value == round(float(np.mean([r["bpc_by_position"][0] for r in runs])), 3)
+    probe = json.loads((ROOT / "docs/results/probe_needle.json").read_text())
+    first = probe["runs"][0]
+    key = f"{first['scheme']}/{first['condition']}"
+    runs = [r for r in probe["runs"] if (r["scheme"], r["condition"]) == tuple(key.split("/"))]
+    expected = np.mean([[c["byte_accuracy"] for c in r["curve"]] for r in runs], axis=0)
+    np.testing.assert_allclose(report["needle"][key], expected)
+    assert report["needle_lines"] == [len(probe["settings"]["schemes"]) + 1] * 2  # + chance
 
 
 @pytest.mark.slow
 def test_length_extrapolation_notebook_scores_every_scheme_and_rope_extension(tmp_path):
     report = run_notebook("03_length_extrapolation", LENGTH_EXTRAPOLATION, tmp_path)
     schemes = ["alibi", "rope", "t5"]
-    extensions = ["rope + PI", "rope + NTK", "rope + YaRN"]
+    extensions = [f"rope+{kind}" for kind in ("linear", "ntk", "dynamic", "yarn", "llama3")]
     assert report["trained"] == schemes
     L, lengths = report["L"], report["lengths"]
-    assert lengths == [L, 2 * L]
+    assert L == 16 and lengths == [L, 2 * L]
     table = report["table"]
     assert list(table) == schemes + extensions
     bpc = np.asarray(list(table.values()))
-    assert bpc.shape == (6, 2) and np.all(np.isfinite(bpc))
+    assert bpc.shape == (8, 2) and np.all(np.isfinite(bpc))
     assert np.all((bpc > 0) & (bpc < 8))  # below uniform over 256 bytes
     for name in extensions:
         assert table[name][0] == table["rope"][0]  # at the trained length no scaling is applied
         assert table[name][1:] != table["rope"][1:]  # beyond it, the scaling changes the scores
     assert report["lines"] == list(table)  # one curve a row
+    scores = {name: np.asarray(score) for name, score in report["scores"].items()}
+    assert list(scores) == ["rope", *extensions]
+    assert all(score.shape == (2 * L,) for score in scores.values())
+    for name in extensions:  # at d = 0 no rotation: the same score, YaRN's times its temperature
+        temperature = (0.1 * np.log(2) + 1) ** 2 if name == "rope+yarn" else 1.0  # factor 2
+        np.testing.assert_allclose(scores[name][0], temperature * scores["rope"][0], rtol=1e-5)
+        assert not np.allclose(scores[name][1:], scores["rope"][1:])
