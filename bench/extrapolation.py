@@ -15,7 +15,8 @@ scores the first ``--tokens`` test tokens at lengths L = train-len × factor, wi
   ``--sliding-up-to`` (it costs twice a non-overlapping pass).
 
 Each length's bpc is kept in the run's folder as soon as it is measured: a stopped sweep goes on
-from there, and a sweep run again with more ``--factors`` scores only the new lengths.
+from there, a sweep run again with more ``--factors`` scores only the new lengths, and
+``--scored-only`` tabulates what has been scored so far (the table marks the cells still missing).
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
@@ -141,9 +142,10 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
                                                              args.train_len)  # fmt: skip
             if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
                 for protocol in todo:
-                    rows[protocol][str(length)] = bpc[scheme][protocol][str(length)]
+                    if str(length) in bpc[scheme][protocol]:
+                        rows[protocol][str(length)] = bpc[scheme][protocol][str(length)]
                 todo = []
-            if not todo:
+            if not todo or args.scored_only:
                 continue
             if model is None:
                 config = load_config(ROOT / run.config, list(run.settings))
@@ -206,6 +208,9 @@ def render(results: dict) -> str:
             by_length = by_protocol.get(protocol, {})
             cells = [_cell(by_length.get(n, []), len(s["seeds"])) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if s.get("scored_only"):
+        lines += ["", "Tabulated from the lengths scored so far (`--scored-only`): a cell with fewer "
+                  "seeds, or –, is still to be scored."]  # fmt: skip
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
 
 
@@ -260,6 +265,10 @@ def main() -> None:
         "--sliding-up-to", type=int, default=2048,
         help="score sliding windows only up to this L (each costs twice a non-overlapping pass)",
     )  # fmt: skip
+    parser.add_argument(
+        "--scored-only", action="store_true",
+        help="tabulate the lengths already scored (kept in each run's folder), score nothing",
+    )  # fmt: skip
     parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
     sweep.add_options(parser)
     options.add_runs(parser, "runs/extrapolation")
@@ -276,7 +285,7 @@ def main() -> None:
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
-            sliding_up_to=args.sliding_up_to,
+            sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
             sets=list(args.set), missing=missing,
         ),
         "runs": [

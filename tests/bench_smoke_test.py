@@ -74,6 +74,13 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     measured = [line for line in result.stdout.splitlines() if line.startswith("  ")]
     scored = {line.split(": ")[0].split()[-1] for line in measured}
     assert scored == {"L=32"}
+    partial = subprocess.run(  # tabulates what is scored, scores nothing: L = 64 still to come
+        [*command, "--factors", "1,2,4,8", "--scored-only", "--out", str(tmp_path / "partial")],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert not [line for line in partial.stdout.splitlines() if line.startswith("  ")]
+    assert "| rope | " in partial.stdout and partial.stdout.count(" – |") >= 8  # L=64, every row
     results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
     labels = {(r["label"], r["variant"]) for r in results["runs"]}
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
@@ -225,8 +232,10 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
 
 @pytest.mark.parametrize(
     "table, script",
-    [("memory_growth/ablation", "ablation"), ("compare_training", "compare_training"),
-     ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes")],
+    [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
+     ("compare_training", "compare_training"), ("extrapolation", "extrapolation"),
+     ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes"),
+     ("txl_small", "txl_small")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
