@@ -294,11 +294,7 @@ def main() -> None:
             for label, bpc in score(run, scheme, args).items()
         ],
     }  # fmt: skip
-    out = pathlib.Path(args.out)
-    sweep.write(out / "extrapolation.json", results)
-    (out / "extrapolation.md").write_text(render(results))
-    plot(results, out / "extrapolation.png")
-    print(render(results))
+    sweep.publish(args.out, "extrapolation", results, render, plot)
 
 
 if __name__ == "__main__":

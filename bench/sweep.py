@@ -193,3 +193,15 @@ def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
 def write(path: pathlib.Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def publish(out, name: str, results: dict, render, plot=None, png: str | None = None) -> None:
+    """``<name>.json`` in ``out``, its table ``<name>.md`` rendered from it and printed, and its plot
+    (``png``, default ``<name>.png``) drawn by ``plot(results, path)``."""
+    out = pathlib.Path(out)
+    write(out / f"{name}.json", results)
+    table = render(results)
+    (out / f"{name}.md").write_text(table)
+    if plot is not None:
+        plot(results, out / (png or f"{name}.png"))
+    print(table)

@@ -84,7 +84,8 @@ def render(results: dict) -> str:
         "",
         "| | value |",
         "|---|---:|",
-        f"| wall time of train.py and eval.py (training, the final validation, every test token) | "
+        "| wall time of train.py and eval.py (training, the final validation, every test token; "
+        "a record, not a speed benchmark: other jobs may have shared the machine) | "
         f"{'not measured (the run was reused)' if seconds is None else f'{seconds / 60:.1f} min'} |",
         f"| training throughput, median of the logged tokens/s | {results['tokens_per_sec']:,.0f} |",
         f"| **valid bpc** (every valid token, after the last step) | **{results['valid_bpc']:.4f}** |",
@@ -136,11 +137,7 @@ def main() -> None:
     evaluated = sweep.execute([run], steps)[run.name]
     seconds = time.perf_counter() - start if ran_here else None
     results = collect(run, evaluated, seconds, sys.argv[1:])
-    out = pathlib.Path(args.out)
-    sweep.write(out / "txl_small.json", results)
-    (out / "txl_small.md").write_text(render(results))
-    plot(results, out / "txl_small_curve.png")
-    print(render(results))
+    sweep.publish(args.out, "txl_small", results, render, plot, png="txl_small_curve.png")
 
 
 if __name__ == "__main__":
