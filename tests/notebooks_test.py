@@ -103,7 +103,8 @@ report = {
     "L": L,
     "table": table,
     "lines": [line.get_label() for line in table_fig.axes[0].lines],
-    "scores": {n: s.tolist() for n, s in scores.items()},
+    "attention": {n: w.tolist() for n, w in attention.items()},
+    "count": count.tolist(),
 }
 """
 
@@ -195,10 +196,11 @@ def test_length_extrapolation_notebook_scores_every_scheme_and_rope_extension(tm
         assert table[name][0] == table["rope"][0]  # at the trained length no scaling is applied
         assert table[name][1:] != table["rope"][1:]  # beyond it, the scaling changes the scores
     assert report["lines"] == list(table)  # one curve a row
-    scores = {name: np.asarray(score) for name, score in report["scores"].items()}
-    assert list(scores) == ["rope", *extensions]
-    assert all(score.shape == (2 * L,) for score in scores.values())
-    for name in extensions:  # at d = 0 no rotation: the same score, YaRN's times its temperature
-        temperature = (0.1 * np.log(2) + 1) ** 2 if name == "rope+yarn" else 1.0  # factor 2
-        np.testing.assert_allclose(scores[name][0], temperature * scores["rope"][0], rtol=1e-5)
-        assert not np.allclose(scores[name][1:], scores["rope"][1:])
+    attention = {name: np.asarray(w) for name, w in report["attention"].items()}
+    assert list(attention) == ["rope", *extensions]
+    assert report["count"] == list(range(2 * L, 0, -1))  # pairs d apart in a window of 2L
+    for w in attention.values():  # mean weights by distance: each query's weights sum to 1
+        assert w.shape == (2 * L,) and np.all(w >= 0) and np.all(w <= 1)
+        np.testing.assert_allclose((w * np.asarray(report["count"])).sum(), 2 * L, rtol=1e-4)
+    for name in extensions:  # stretched beyond the trained length, each moves the weights
+        assert not np.allclose(attention[name], attention["rope"])
