@@ -17,8 +17,9 @@ For each scheme, memory (``--mem-len`` and 0) and seed, two runs:
   states, normalised as the layer normalises its input, no gradient), initialised its own way
   (PyTorch's defaults, token embeddings kaiming-normal, none scaled by √d; ours:
   ``model.init_std``, embeddings scaled by √d); trained with the same Adam, warm-up and cosine
-  schedule, clipping, seed and batches, and evaluated as ``eval.py`` evaluates (every test token once, rows of contiguous text, memory
-  carried). Its result is a JSON in the run folder, reused when it is there.
+  schedule, clipping, seed and batches, and evaluated as ``eval.py`` evaluates (every test token
+  once, rows of contiguous text, memory carried). Its result is a JSON in the run folder, reused
+  when it is there.
 
 Writes ``compare_training.json`` (settings, every run's test bpc) in ``--out`` and renders
 ``compare_training.md`` from it: test bpc (mean ± sd over seeds) of each library, scheme and memory,

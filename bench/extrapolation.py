@@ -22,9 +22,10 @@ Lengths from ``--tiled-from`` on run through the tiled attention path (memory li
 
 Learned absolute positions have no row beyond their table (``max_len``): name them with
 ``--schemes`` only for lengths within it. Variants: ``defaults`` keeps the config's position tables;
-``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained distances, so that no row or bucket the
-evaluation reads was left at its initialisation: Shaw's k = L_train − 1, T5's max distance L_train,
-DeBERTa's buckets exact to L_train / 4 and logarithmic to L_train. RoPE is also scored with its
+``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained
+distances, so that no row or bucket the evaluation reads was left at its initialisation: Shaw's
+k = L_train − 1, T5's max distance L_train, DeBERTa's buckets exact to L_train / 4 and logarithmic
+to L_train. RoPE is also scored with its
 length extensions applied at evaluation time without retraining (factor L / train-len): position
 interpolation (``linear``), NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3.
 

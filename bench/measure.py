@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import resource
@@ -45,6 +46,11 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.machine()
+
+
+def machine() -> str:
+    """The machine as the results record it: its CPU model and number of cores."""
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def median_seconds(call, repeats: int, warmup: int) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import pathlib
 import shlex
 import statistics
@@ -126,7 +125,7 @@ def settings(command: Sequence[str], **more) -> dict:
     return {
         "command": shlex.join(["python", "-m", *command]),
         "commit": measure.commit(),
-        "machine": f"{measure.cpu_model()}, {os.cpu_count()} cores",
+        "machine": measure.machine(),
         "date": datetime.date.today().isoformat(),
         **more,
     }

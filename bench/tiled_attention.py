@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import pathlib
 import statistics
 import time
@@ -32,8 +31,8 @@ from bench import args as bench_args
 from bench.measure import (
     SIZES,
     commit,
-    cpu_model,
     isolated,
+    machine,
     median_seconds,
     our_model,
     parse_or_serve,
@@ -270,7 +269,7 @@ def main() -> None:
     # Resumable: a cell already in the JSON with the same spec is kept, so a stopped run goes on
     # where it stopped (--fresh: measure everything again). The JSON is written after every cell.
     done = [] if args.fresh else _cells(out / "tiled_attention.json")
-    head, machine = commit(), f"{cpu_model()}, {os.cpu_count()} cores"
+    head, here = commit(), machine()
     windows_of = {"eval": args.eval_windows, "train": args.train_windows}
     tasks = {task: windows_of[task] for task in args.tasks}
     cells = []
@@ -286,7 +285,7 @@ def main() -> None:
                 cell = next((c for c in done if _spec_of(c) == spec), None)
                 if cell is None:
                     measured = isolated("bench.tiled_attention", spec)
-                    cell = {**spec, **measured, "commit": head, "machine": machine}
+                    cell = {**spec, **measured, "commit": head, "machine": here}
                     print(json.dumps(cell), flush=True)
                 cells.append(cell)
                 _write(out, args, tasks, head, cells + _others(done, cells))
@@ -327,7 +326,7 @@ def _write(out: pathlib.Path, args, tasks: dict, head: str, cells: list[dict]) -
             for k, v in vars(args).items()
             if k not in ("worker", "out", "fresh")
         ),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "commit": head,
         "date": datetime.date.today().isoformat(),
         "tasks": list(tasks),
