@@ -25,9 +25,10 @@ Learned absolute positions have no row beyond their table (``max_len``): name th
 ``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained
 distances, so that no row or bucket the evaluation reads was left at its initialisation: Shaw's
 k = L_train − 1, T5's max distance L_train, DeBERTa's buckets exact to L_train / 4 and logarithmic
-to L_train. RoPE is also scored with its
-length extensions applied at evaluation time without retraining (factor L / train-len): position
-interpolation (``linear``), NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3.
+to L_train. Where sizing leaves a scheme's tables as they are (T5 at L_train = 128), there is no
+sized run; the table says so. RoPE is also scored with its length extensions applied at
+evaluation time without retraining (factor L / train-len): position interpolation (``linear``),
+NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3.
 
 Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
 sd over seeds) and ``extrapolation.png`` from it.
@@ -47,7 +48,11 @@ from bench.measure import ROOT
 from relpos_jax.config import load_config
 
 ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
-SIZED = ("shaw", "t5", "deberta")  # the schemes whose tables the "sized" variant changes
+SIZED = {  # the schemes whose tables the "sized" variant changes, and the fields it sets
+    "shaw": ("shaw_max_distance",),
+    "t5": ("t5_max_distance", "t5_num_buckets"),
+    "deberta": ("deberta_bucket_size", "deberta_max_position"),
+}
 PROTOCOLS = ("non-overlapping", "sliding")
 
 
@@ -75,12 +80,22 @@ def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
     return scaling
 
 
+def sized_as_defaults(scheme: str, train_len: int) -> bool:
+    """Whether sizing ``scheme``'s tables to ``train_len`` leaves its config as it is (T5 at 128:
+    max distance 128 and 32 buckets are its defaults), so the sized run would repeat the other."""
+    sized = load_config(ROOT / config_file(scheme), list(variant_settings("sized", train_len)))
+    defaults = load_config(ROOT / config_file(scheme))
+    return all(sized.model[field] == defaults.model[field] for field in SIZED[scheme])
+
+
 def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
     runs = {}
     for scheme in args.schemes:
         for variant in args.variants:
             if variant != "defaults" and scheme not in SIZED:
                 continue  # nothing to size: the defaults run is that scheme's only one
+            if variant == "sized" and sized_as_defaults(scheme, args.train_len):
+                continue  # the same config as the defaults run: render() says so
             for seed in args.seeds:
                 name = f"{scheme}_{variant}_len{args.train_len}_seed{seed}"
                 settings = (
@@ -198,6 +213,8 @@ def render(results: dict) -> str:
     for protocol in PROTOCOLS:
         sliding = protocol == "sliding"
         lengths = [str(n) for n in s["lengths"] if not sliding or n <= up_to]
+        if not lengths:
+            continue
         lines += [
             "",
             f"**{protocol}**" + (f" ({stride}; L up to {up_to:,})" if sliding else ""),
@@ -209,6 +226,10 @@ def render(results: dict) -> str:
             by_length = by_protocol.get(protocol, {})
             cells = [_cell(by_length.get(n, []), len(s["seeds"])) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    same = s.get("sized_as_defaults") or []
+    if same:
+        lines += ["", f"No sized row for {', '.join(same)}: sized to length {s['train_len']}, its "
+                  "tables are its defaults (the same config, so the same numbers)."]  # fmt: skip
     if s.get("scored_only"):
         lines += ["", "Tabulated from the lengths scored so far (`--scored-only`): a cell with fewer "
                   "seeds, or –, is still to be scored."]  # fmt: skip
@@ -287,6 +308,8 @@ def main() -> None:
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
+            sized_as_defaults=[s for s in args.schemes if s in SIZED and "sized" in args.variants
+                               and sized_as_defaults(s, args.train_len)],
             sets=list(args.set), missing=missing,
         ),
         "runs": [

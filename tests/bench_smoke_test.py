@@ -230,6 +230,25 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     assert "| eval | txl |" in table and "| train | txl |" in table  # the checks
 
 
+def test_extrapolation_sizes_only_the_tables_that_sizing_changes():
+    assert extrapolation.sized_as_defaults("t5", 128)  # max distance 128, 32 buckets: its defaults
+    assert not extrapolation.sized_as_defaults("t5", 64)
+    assert not any(extrapolation.sized_as_defaults(s, 128) for s in ("shaw", "deberta"))
+
+
+def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_protocols():
+    settings = {
+        "command": "python -m bench.extrapolation", "commit": "abc", "machine": "m", "date": "d",
+        "train_len": 128, "steps": 5, "seeds": [0], "lengths": [256], "tokens": 512,
+        "stride": None, "sliding_up_to": 128, "sized_as_defaults": ["t5"],
+    }  # fmt: skip
+    runs = [{"scheme": "alibi", "variant": "defaults", "seed": 0, "label": "alibi",
+             "bpc": {"non-overlapping": {"256": 2.7}, "sliding": {}}}]  # fmt: skip
+    table = extrapolation.render({"settings": settings, "runs": runs})
+    assert "| alibi | 2.700" in table and "**sliding**" not in table
+    assert "No sized row for t5" in table
+
+
 @pytest.mark.parametrize(
     "table, script",
     [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
