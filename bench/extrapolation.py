@@ -40,6 +40,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import time
 
 from bench import args as options
 from bench import sweep
@@ -171,12 +172,14 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
             model_config = dataclasses.replace(
                 cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
             )
+            start = time.perf_counter()
             measured = measure(with_config(model, model_config), stream, length, todo, args)
+            seconds = time.perf_counter() - start
             for protocol, value in measured.items():
                 rows[protocol][str(length)] = value
             cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
             values = " / ".join(f"{p} {v:.4f}" for p, v in measured.items())
-            print(f"  {run.name} {label} L={length}: {values}", flush=True)
+            print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
     wanted = {str(n) for n in args.lengths}
     keep = lambda by_length: {n: v for n, v in by_length.items() if n in wanted}  # noqa: E731
     return {label: {p: keep(v) for p, v in rows.items()} for label, rows in bpc.items()}
