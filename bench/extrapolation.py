@@ -37,6 +37,7 @@ sd over seeds) and ``extrapolation.png`` from it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import pathlib
 import sys
@@ -229,6 +230,7 @@ def render(results: dict) -> str:
             by_length = by_protocol.get(protocol, {})
             cells = [_cell(by_length.get(n, []), len(s["seeds"])) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += _beyond_spread(s, series)
     same = s.get("sized_as_defaults") or []
     if same:
         lines += ["", f"No sized row for {', '.join(same)}: sized to length {s['train_len']}, its "
@@ -237,6 +239,42 @@ def render(results: dict) -> str:
         lines += ["", "Tabulated from the lengths scored so far (`--scored-only`): a cell with fewer "
                   "seeds, or –, is still to be scored."]  # fmt: skip
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
+
+
+def _beyond_spread(s: dict, series: dict) -> list[str]:
+    """What the non-overlapping scores show beyond twice the larger spread over seeds, from the
+    cells that hold every seed: each row from its training length to the longest length it has,
+    and the ranking at the longest length where every row has them all."""
+    seeds, train = len(s["seeds"]), str(s["train_len"])
+    complete = {
+        row: [n for n in map(str, s["lengths"]) if len(by.get("non-overlapping", {}).get(n, [])) == seeds]
+        for row, by in series.items()
+    }  # fmt: skip
+    scores = lambda row, n: series[row]["non-overlapping"][n]  # noqa: E731
+    mean = lambda row, n: sweep.mean_sd(scores(row, n))[0]  # noqa: E731
+    found = []
+    for row, lengths in complete.items():
+        if train not in lengths or lengths[-1] == train:
+            continue
+        far = lengths[-1]
+        if sweep.apart(scores(row, train), scores(row, far)):
+            verb = "rises" if mean(row, far) > mean(row, train) else "falls"
+            found.append(f"- {row}: {verb} from {mean(row, train):.3f} at L={train} to "
+                         f"{mean(row, far):.3f} at L={far}")  # fmt: skip
+        else:
+            found.append(f"- {row}: L={train} to L={far} within the spread")
+    shared = [n for n in map(str, s["lengths"]) if all(n in c for c in complete.values())]
+    if shared and len(complete) > 1:
+        far = shared[-1]
+        order = sorted(complete, key=lambda row: mean(row, far))
+        for row, after in itertools.pairwise(order):
+            if sweep.apart(scores(row, far), scores(after, far)):
+                found.append(f"- at L={far}: {row} lower than {after}, next in the ranking")
+    head = [
+        "",
+        "Beyond twice the larger spread over seeds (non-overlapping, cells with every seed):",
+    ]
+    return [*head, "", *(found or ["- none"])]
 
 
 def _cell(values: list[float], seeds: int) -> str:

@@ -249,6 +249,32 @@ def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_proto
     assert "No sized row for t5" in table
 
 
+def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
+    settings = {
+        "command": "c", "commit": "abc", "machine": "m", "date": "d", "train_len": 128,
+        "steps": 5, "seeds": [0, 1, 2], "lengths": [128, 512, 2048], "tokens": 512,
+        "stride": None, "sliding_up_to": 128,
+    }  # fmt: skip
+    scores = {  # label: {L: per-seed bpc}; "partial" has one seed at 2048
+        "rises": {"128": [2.50, 2.51, 2.49], "512": [3.00, 3.01, 2.99], "2048": [3.5, 3.5, 3.6]},
+        "flat": {"128": [2.5, 2.6, 2.4], "512": [2.55, 2.65, 2.45], "2048": [2.5, 2.7, 2.6]},
+        "partial": {"128": [2.0, 2.0, 2.01], "512": [2.0, 2.01, 2.0], "2048": [2.0]},
+    }
+    runs = [
+        {"scheme": label, "variant": "defaults", "seed": seed, "label": label,
+         "bpc": {"non-overlapping": {n: v[seed] for n, v in by.items() if seed < len(v)}}}
+        for label, by in scores.items() for seed in range(3)
+    ]  # fmt: skip
+    table = extrapolation.render({"settings": settings, "runs": runs})
+    found = table.split("Beyond twice the larger spread")[1].splitlines()
+    assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in found
+    assert "- flat: L=128 to L=2048 within the spread" in found
+    assert "- partial: L=128 to L=512 within the spread" in found  # the longest with every seed
+    assert "- at L=512: partial lower than flat, next in the ranking" in found
+    assert "- at L=512: flat lower than rises, next in the ranking" in found
+    assert "(1 of 3 seeds)" in table
+
+
 @pytest.mark.parametrize(
     "table, script",
     [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
