@@ -245,12 +245,12 @@ def _beyond_spread(s: dict, series: dict) -> list[str]:
     """What the non-overlapping scores show beyond twice the larger spread over seeds, from the
     cells that hold every seed: each row from its training length to the longest length it has,
     and the ranking at the longest length where every row has them all."""
-    seeds, train = len(s["seeds"]), str(s["train_len"])
+    seeds, train, protocol = len(s["seeds"]), str(s["train_len"]), "non-overlapping"
     complete = {
-        row: [n for n in map(str, s["lengths"]) if len(by.get("non-overlapping", {}).get(n, [])) == seeds]
+        row: [n for n in map(str, s["lengths"]) if len(by.get(protocol, {}).get(n, [])) == seeds]
         for row, by in series.items()
-    }  # fmt: skip
-    scores = lambda row, n: series[row]["non-overlapping"][n]  # noqa: E731
+    }
+    scores = lambda row, n: series[row][protocol][n]  # noqa: E731
     mean = lambda row, n: sweep.mean_sd(scores(row, n))[0]  # noqa: E731
     found = []
     for row, lengths in complete.items():
