@@ -50,11 +50,7 @@ from bench.measure import ROOT
 from relpos_jax.config import load_config
 
 ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
-SIZED = {  # the schemes whose tables the "sized" variant changes, and the fields it sets
-    "shaw": ("shaw_max_distance",),
-    "t5": ("t5_max_distance", "t5_num_buckets"),
-    "deberta": ("deberta_bucket_size", "deberta_max_position"),
-}
+SIZED = ("shaw", "t5", "deberta")  # the schemes whose tables the "sized" variant changes
 PROTOCOLS = ("non-overlapping", "sliding")
 
 
@@ -85,9 +81,12 @@ def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
 def sized_as_defaults(scheme: str, train_len: int) -> bool:
     """Whether sizing ``scheme``'s tables to ``train_len`` leaves its config as it is (T5 at 128:
     max distance 128 and 32 buckets are its defaults), so the sized run would repeat the other."""
-    sized = load_config(ROOT / config_file(scheme), list(variant_settings("sized", train_len)))
+    overrides = variant_settings("sized", train_len)
+    sized = load_config(ROOT / config_file(scheme), list(overrides))
     defaults = load_config(ROOT / config_file(scheme))
-    return all(sized.model[field] == defaults.model[field] for field in SIZED[scheme])
+    fields = (o.split("=")[0].removeprefix("model.") for o in overrides)
+    own = [f for f in fields if f.startswith(f"{scheme}_")]  # a scheme's fields: model.<scheme>_*
+    return all(sized.model[f] == defaults.model[f] for f in own)
 
 
 def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
@@ -96,7 +95,7 @@ def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
         for variant in args.variants:
             if variant != "defaults" and scheme not in SIZED:
                 continue  # nothing to size: the defaults run is that scheme's only one
-            if variant == "sized" and sized_as_defaults(scheme, args.train_len):
+            if variant == "sized" and scheme in args.sized_as_defaults:
                 continue  # the same config as the defaults run: render() says so
             for seed in args.seeds:
                 name = f"{scheme}_{variant}_len{args.train_len}_seed{seed}"
@@ -339,6 +338,8 @@ def main() -> None:
     options.add_out(parser)
     args = parser.parse_args()
     args.lengths = [args.train_len * f for f in args.factors]
+    sizing = [s for s in args.schemes if s in SIZED and "sized" in args.variants]
+    args.sized_as_defaults = [s for s in sizing if sized_as_defaults(s, args.train_len)]
     runs = runs_of(args)
     finished = sweep.finish(runs, args)
     if finished is None:  # --dry-run
@@ -349,8 +350,7 @@ def main() -> None:
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
-            sized_as_defaults=[s for s in args.schemes if s in SIZED and "sized" in args.variants
-                               and sized_as_defaults(s, args.train_len)],
+            sized_as_defaults=args.sized_as_defaults,
             sets=list(args.set), missing=missing,
         ),
         "runs": [
