@@ -19,7 +19,6 @@ exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
 
 from __future__ import annotations
 
-import itertools
 import pathlib
 import sys
 
@@ -102,10 +101,9 @@ def render(results: dict) -> str:
         )
     lines += ["", "Differences beyond twice the larger spread (lower bpc is better):", ""]
     found = []
-    for (scheme, memory), (after_scheme, after_memory) in itertools.pairwise(order):
-        if sweep.apart(groups[scheme, memory], groups[after_scheme, after_memory]):
-            found.append(f"- {scheme} (memory {memory}) lower than {after_scheme} (memory "
-                         f"{after_memory}), next in the ranking")  # fmt: skip
+    for (scheme, memory), (after_scheme, after_memory) in sweep.apart_in_ranking(order, groups):
+        found.append(f"- {scheme} (memory {memory}) lower than {after_scheme} (memory "
+                     f"{after_memory}), next in the ranking")  # fmt: skip
     for scheme in dict.fromkeys(key[0] for key in order):
         with_memory, without = groups.get((scheme, s["mem_len"])), groups.get((scheme, 0))
         if with_memory and without and sweep.apart(with_memory, without):

@@ -37,7 +37,6 @@ sd over seeds) and ``extrapolation.png`` from it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import pathlib
 import sys
@@ -265,10 +264,10 @@ def _beyond_spread(s: dict, series: dict) -> list[str]:
     shared = [n for n in map(str, s["lengths"]) if all(n in c for c in complete.values())]
     if shared and len(complete) > 1:
         far = shared[-1]
-        order = sorted(complete, key=lambda row: mean(row, far))
-        for row, after in itertools.pairwise(order):
-            if sweep.apart(scores(row, far), scores(after, far)):
-                found.append(f"- at L={far}: {row} lower than {after}, next in the ranking")
+        at_far = {row: scores(row, far) for row in complete}
+        order = sorted(at_far, key=lambda row: mean(row, far))
+        for row, after in sweep.apart_in_ranking(order, at_far):
+            found.append(f"- at L={far}: {row} lower than {after}, next in the ranking")
     head = [
         "",
         "Beyond twice the larger spread over seeds (non-overlapping, cells with every seed):",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import pathlib
 import shlex
@@ -150,6 +151,12 @@ def apart(a: Sequence[float], b: Sequence[float]) -> bool:
     if min(len(a), len(b)) < 2:
         return False
     return abs(mean_a - mean_b) > 2 * max(sd_a, sd_b)
+
+
+def apart_in_ranking(order: Sequence, values: dict) -> list[tuple]:
+    """The neighbours ``(a, b)`` of ``order`` (keys of ``values``, lowest mean first) whose seeds
+    are ``apart``: where a table may write "a lower than b, next in the ranking"."""
+    return [(a, b) for a, b in itertools.pairwise(order) if apart(values[a], values[b])]
 
 
 def load(path: pathlib.Path) -> dict | None:
