@@ -55,7 +55,7 @@ def _recl(results: dict, cells: dict) -> None:
     for run in results["runs"]:
         if run.get("scheme") is None:
             continue  # a --run group, not the ablation's
-        memory = not run["label"].endswith(", memory 0")
+        memory = run["mem_len"] > 0
         cells.setdefault((run["scheme"], memory, "RECL (r = 0.1)"), []).append(run["recl"]["0.1"])
 
 

@@ -63,7 +63,9 @@ def measure(args, seed, group) -> list[dict]:
         )  # fmt: skip
         bpc = {str(c): float(v.mean()) / math.log(2) for c, v in losses[label].items()}
         print(f"{label}, seed {seed} (step {step}):", {c: round(b, 4) for c, b in bpc.items()})
-        rows.append({"label": label, "scheme": scheme, "seed": seed, "bpc": bpc})
+        rows.append({
+            "label": label, "scheme": scheme, "seed": seed, "mem_len": cfg.model.mem_len, "bpc": bpc,
+        })  # fmt: skip
     in_group = {r: recl(losses, r=r) for r in R_VALUES}
     for row in rows:
         row["recl"] = {str(r): in_group[r][row["label"]] for r in R_VALUES}

@@ -100,6 +100,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "recl.json").read_text())
     assert [r["label"] for r in results["runs"]] == ["rope, memory 128", "rope, memory 0"]
+    assert [r["mem_len"] for r in results["runs"]] == [128, 0]
     assert all(set(r["recl"]) == set(r["pair_recl"]) == {"0.1", "0.5", "1.0"}
                for r in results["runs"])  # fmt: skip
     assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)

@@ -70,7 +70,8 @@ def _full(folder):
          "bpc": {"non-overlapping": {"256": 2.0, "1024": 2.0}}} for p in POSITIONS
     ], train_len=64)  # fmt: skip
     _write(folder / "recl.json", "r", [
-        {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "recl": {"0.1": 64 * (1 + (m > 0))}}
+        {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "mem_len": m,
+         "recl": {"0.1": 64 * (1 + (m > 0))}}
         for p in POSITIONS for m in (64, 0)
     ])  # fmt: skip
     results = json.loads((folder / "recl.json").read_text())
