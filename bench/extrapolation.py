@@ -233,10 +233,22 @@ def render(results: dict) -> str:
     if same:
         lines += ["", f"No sized row for {', '.join(same)}: sized to length {s['train_len']}, its "
                   "tables are its defaults (the same config, so the same numbers)."]  # fmt: skip
-    if s.get("scored_only"):
+    if s.get("scored_only") and _incomplete(s, series):
         lines += ["", "Tabulated from the lengths scored so far (`--scored-only`): a cell with fewer "
                   "seeds, or –, is still to be scored."]  # fmt: skip
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
+
+
+def _incomplete(s: dict, series: dict) -> bool:
+    """Whether a cell of the tables (sliding only up to ``sliding_up_to``) lacks a seed."""
+    up_to = s.get("sliding_up_to") or max(s["lengths"])
+    return any(
+        len(by.get(protocol, {}).get(str(n), [])) < len(s["seeds"])
+        for by in series.values()
+        for protocol in PROTOCOLS
+        for n in s["lengths"]
+        if protocol != "sliding" or n <= up_to
+    )
 
 
 def _beyond_spread(s: dict, series: dict) -> list[str]:

@@ -81,6 +81,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert partial.returncode == 0, partial.stderr[-3000:]
     assert not [line for line in partial.stdout.splitlines() if line.startswith("  ")]
     assert "| rope | " in partial.stdout and partial.stdout.count(" – |") >= 8  # L=64, every row
+    assert "still to be scored" in partial.stdout
     results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
     labels = {(r["label"], r["variant"]) for r in results["runs"]}
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
@@ -241,20 +242,21 @@ def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_proto
     settings = {
         "command": "python -m bench.extrapolation", "commit": "abc", "machine": "m", "date": "d",
         "train_len": 128, "steps": 5, "seeds": [0], "lengths": [256], "tokens": 512,
-        "stride": None, "sliding_up_to": 128, "sized_as_defaults": ["t5"],
+        "stride": None, "sliding_up_to": 128, "sized_as_defaults": ["t5"], "scored_only": True,
     }  # fmt: skip
     runs = [{"scheme": "alibi", "variant": "defaults", "seed": 0, "label": "alibi",
              "bpc": {"non-overlapping": {"256": 2.7}, "sliding": {}}}]  # fmt: skip
     table = extrapolation.render({"settings": settings, "runs": runs})
     assert "| alibi | 2.700" in table and "**sliding**" not in table
     assert "No sized row for t5" in table
+    assert "still to be scored" not in table  # --scored-only, but every cell holds every seed
 
 
 def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     settings = {
         "command": "c", "commit": "abc", "machine": "m", "date": "d", "train_len": 128,
         "steps": 5, "seeds": [0, 1, 2], "lengths": [128, 512, 2048], "tokens": 512,
-        "stride": None, "sliding_up_to": 128,
+        "stride": None, "sliding_up_to": 128, "scored_only": True,
     }  # fmt: skip
     scores = {  # label: {L: per-seed bpc}; "partial" has one seed at 2048
         "rises": {"128": [2.50, 2.51, 2.49], "512": [3.00, 3.01, 2.99], "2048": [3.5, 3.5, 3.6]},
@@ -273,7 +275,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     assert "- partial: L=128 to L=512 within the spread" in found  # the longest with every seed
     assert "- at L=512: partial lower than flat, next in the ranking" in found
     assert "- at L=512: flat lower than rises, next in the ranking" in found
-    assert "(1 of 3 seeds)" in table
+    assert "(1 of 3 seeds)" in table and "still to be scored" in table
 
 
 @pytest.mark.parametrize(
