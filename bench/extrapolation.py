@@ -214,7 +214,7 @@ def render(results: dict) -> str:
     stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
     for protocol in PROTOCOLS:
         sliding = protocol == "sliding"
-        lengths = [str(n) for n in s["lengths"] if not sliding or n <= up_to]
+        lengths = _shown_lengths(s, protocol)
         if not lengths:
             continue
         lines += [
@@ -239,15 +239,19 @@ def render(results: dict) -> str:
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
 
 
-def _incomplete(s: dict, series: dict) -> bool:
-    """Whether a cell of the tables (sliding only up to ``sliding_up_to``) lacks a seed."""
+def _shown_lengths(s: dict, protocol: str) -> list[str]:
+    """The lengths ``protocol``'s table shows: every one, sliding only up to ``sliding_up_to``."""
     up_to = s.get("sliding_up_to") or max(s["lengths"])
+    return [str(n) for n in s["lengths"] if protocol != "sliding" or n <= up_to]
+
+
+def _incomplete(s: dict, series: dict) -> bool:
+    """Whether a cell the tables show lacks a seed."""
     return any(
-        len(by.get(protocol, {}).get(str(n), [])) < len(s["seeds"])
+        len(by.get(protocol, {}).get(n, [])) < len(s["seeds"])
         for by in series.values()
         for protocol in PROTOCOLS
-        for n in s["lengths"]
-        if protocol != "sliding" or n <= up_to
+        for n in _shown_lengths(s, protocol)
     )
 
 
