@@ -18,7 +18,9 @@ segment and memory as in training; cached in the run's ``probe_accuracy.json``).
 
 Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (mean ±
 sd over seeds at each distance, and what differs from chance beyond twice the spread) and
-``<config>.png`` from it.
+``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk) but which that
+JSON already holds with the same steps, overrides, segment, memory and distances is reused, not
+trained again; the table names the commit it was measured at.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ def label(scheme: str, condition: str) -> str:
     return f"{scheme}, {condition.replace('_', ' ')}"
 
 
+def _name(run: dict) -> str:
+    return f"{label(run['scheme'], run['condition'])} seed {run['seed']}"
+
+
 def render(results: dict) -> str:
     s, curves = results["settings"], _curves(results)
     chance = results["chance"]
@@ -145,7 +151,8 @@ def render(results: dict) -> str:
             *_table(read, distances),
             *_above_chance(read, distances, chance),
         ]
-    return "\n".join([*lines, ""])
+    reused = sweep.commits_lines(s, results["runs"], _name)
+    return "\n".join([*lines, *(["", *reused] if reused else []), ""])
 
 
 def _above_chance(curves: dict, distances: list[int], chance: float) -> list[str]:
@@ -196,6 +203,23 @@ def plot(results: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _reused(path: pathlib.Path, runs: dict, args, cfg: Config) -> dict[tuple, dict]:
+    """The runs of ``runs`` whose folder here has not finished but which the sweep's earlier JSON at
+    ``path`` holds with the same steps, overrides, segment, memory and distances: reused (with the
+    commit they were measured at) instead of trained again."""
+    earlier = sweep.recorded(
+        path, ("scheme", "condition", "seed"), steps=args.steps, sets=list(args.set),
+        segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len,
+    )  # fmt: skip
+    return {
+        key: run
+        for key, run in earlier.items()
+        if key in runs
+        and runs[key].result(args.steps) is None  # a run folder here wins
+        and [point["distance"] for point in run["curve"]] == list(args.distances)
+    }
+
+
 def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--config", default="configs/probe_needle.py")
@@ -215,8 +239,10 @@ def main() -> None:
 
     cfg = Config.from_any(load_config(ROOT / args.config, args.set))
     args.steps = args.steps or cfg.train.steps
-    runs = runs_of(args, cfg)
-    finished = sweep.finish(runs, args)
+    out, stem = pathlib.Path(args.out), pathlib.Path(args.config).stem
+    every = runs_of(args, cfg)
+    reused = _reused(out / f"{stem}.json", every, args, cfg)
+    finished = sweep.finish({k: run for k, run in every.items() if k not in reused}, args)
     if finished is None:  # --dry-run
         return
     runs, _, missing = finished
@@ -233,14 +259,17 @@ def main() -> None:
         ),
         "chance": probes.CHANCE[kind],
         "runs": [
-            {"scheme": scheme, "condition": condition, "seed": seed, "workdir": str(run.workdir),
-             "curve": score(run, args.distances),
-             **({"curve_with_memory": score(run, args.distances, memory_window)}
+            reused[scheme, condition, seed] if (scheme, condition, seed) in reused else
+            {"scheme": scheme, "condition": condition, "seed": seed,
+             "workdir": str(runs[scheme, condition, seed].workdir),
+             "curve": score(runs[scheme, condition, seed], args.distances),
+             **({"curve_with_memory": score(runs[scheme, condition, seed], args.distances,
+                                            memory_window)}
                 if condition == "in_segment" else {})}
-            for (scheme, condition, seed), run in runs.items()
+            for (scheme, condition, seed) in every
+            if (scheme, condition, seed) in reused or (scheme, condition, seed) in runs
         ],
     }  # fmt: skip
-    out, stem = pathlib.Path(args.out), pathlib.Path(args.config).stem
     sweep.write(out / f"{stem}.json", results)
     (out / f"{stem}.md").write_text(render(results))
     plot(results, out / f"{stem}.png")

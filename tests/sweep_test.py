@@ -226,3 +226,38 @@ def test_a_sweep_reuses_the_runs_its_json_holds_for_the_same_settings(tmp_path):
     table = ablation.render(results)
     assert "Reused from the JSON of commit abc1234: shaw_mem0_seed2." in table
     assert "Reused" not in ablation.render(_results())
+
+
+def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit(tmp_path):
+    from bench import probes
+    from relpos_jax.config import Config, load_config
+
+    cfg = Config.from_any(load_config(ROOT / "configs/probe_needle.py", []))
+    settings = sweep.settings(
+        ["bench.probes"], config="configs/probe_needle.py", kind="needle", steps=10,
+        segment_len=16, mem_len=48, seeds=[0], schemes=["txl"], conditions=["memory"], sets=[],
+    )  # fmt: skip
+    settings["commit"] = "abc1234"
+    curve = [{"distance": d, "byte_accuracy": 0.5} for d in (8, 32)]
+    earlier = {"scheme": "txl", "condition": "memory", "seed": 0, "workdir": "gone", "curve": curve}
+    sweep.write(tmp_path / "probe_needle.json", {"settings": settings, "chance": 0.1,
+                                                  "runs": [earlier]})  # fmt: skip
+    args = argparse.Namespace(
+        config="configs/probe_needle.py", schemes=["txl", "alibi"], conditions=["memory"],
+        seeds=[0], steps=10, set=[], distances=[8, 32], runs=str(tmp_path / "runs"),
+    )  # fmt: skip
+    every = probes.runs_of(args, cfg)
+    reused = probes._reused(tmp_path / "probe_needle.json", every, args, cfg)
+    assert list(reused) == [("txl", "memory", 0)]  # alibi is not in the JSON: trained
+    assert reused["txl", "memory", 0]["commit"] == "abc1234"
+    for changed in ({"steps": 20}, {"distances": [8, 16]}, {"set": ["model.n_layers=1"]}):
+        other = argparse.Namespace(**{**vars(args), **changed})
+        assert not probes._reused(tmp_path / "probe_needle.json", every, other, cfg), changed
+    finished = every["txl", "memory", 0].workdir  # a finished run folder here wins
+    finished.mkdir(parents=True)
+    (finished / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.0}}))
+    assert not probes._reused(tmp_path / "probe_needle.json", every, args, cfg)
+    table = probes.render({"settings": {**settings, "commit": "def5678"}, "chance": 0.1,
+                           "runs": list(reused.values())})  # fmt: skip
+    assert table.endswith("\nReused from the JSON of commit abc1234: txl, memory seed 0.\n")
+    assert "Reused" not in probes.render({"settings": settings, "chance": 0.1, "runs": [earlier]})
