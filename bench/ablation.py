@@ -27,8 +27,8 @@ from bench import sweep
 from bench.measure import ROOT
 from relpos_jax.config import POSITIONS, load_config
 
-# The schemes compared: every one that encodes positions ("none", the baseline without any, runs
-# when named: --schemes none).
+# The schemes that encode positions; the ablation compares them and "none" (NoPE), the baseline
+# without any.
 SCHEMES = tuple(p for p in POSITIONS if p != "none")
 PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parameters, length 128
     ("txl", True): "27.02",
@@ -222,7 +222,7 @@ def plot_positions(results: dict, path: pathlib.Path) -> None:
 def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=500)
-    options.add_schemes(parser, SCHEMES)
+    options.add_schemes(parser, POSITIONS)
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
     parser.add_argument(
