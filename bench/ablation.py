@@ -237,14 +237,10 @@ def main() -> None:
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     runs = runs_of(args)
-    reused = {
-        key: row
-        for key, row in sweep.recorded(
-            out / "ablation.json", ("scheme", "memory", "seed"), steps=args.steps,
-            mem_len=args.mem_len, sets=list(args.set), eval_every=args.eval_every,
-        ).items()
-        if key in runs and runs[key].result(args.steps) is None  # a run folder here wins
-    }  # fmt: skip
+    reused = sweep.reusable(
+        out / "ablation.json", runs, ("scheme", "memory", "seed"), args.steps,
+        mem_len=args.mem_len, sets=list(args.set), eval_every=args.eval_every,
+    )  # fmt: skip
     finished = sweep.finish({k: run for k, run in runs.items() if k not in reused}, args)
     if finished is None:  # --dry-run
         return

@@ -207,16 +207,15 @@ def _reused(path: pathlib.Path, runs: dict, args, cfg: Config) -> dict[tuple, di
     """The runs of ``runs`` whose folder here has not finished but which the sweep's earlier JSON at
     ``path`` holds with the same steps, overrides, segment, memory and distances: reused (with the
     commit they were measured at) instead of trained again."""
-    earlier = sweep.recorded(
-        path, ("scheme", "condition", "seed"), steps=args.steps, sets=list(args.set),
+    earlier = sweep.reusable(
+        path, runs, ("scheme", "condition", "seed"), args.steps, sets=list(args.set),
         segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len,
     )  # fmt: skip
+    distances = list(args.distances)
     return {
         key: run
         for key, run in earlier.items()
-        if key in runs
-        and runs[key].result(args.steps) is None  # a run folder here wins
-        and [point["distance"] for point in run["curve"]] == list(args.distances)
+        if [point["distance"] for point in run["curve"]] == distances
     }
 
 
@@ -250,6 +249,15 @@ def main() -> None:
 
     kind, *_ = probes.parse(cfg.data.name)
     memory_window = (cfg.data.segment_len, cfg.model.mem_len)
+    measured = {
+        (scheme, condition, seed): {
+            "scheme": scheme, "condition": condition, "seed": seed, "workdir": str(run.workdir),
+            "curve": score(run, args.distances),
+            **({"curve_with_memory": score(run, args.distances, memory_window)}
+               if condition == "in_segment" else {}),
+        }
+        for (scheme, condition, seed), run in runs.items()
+    } | reused  # fmt: skip
     results = {
         "settings": sweep.settings(
             ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
@@ -258,17 +266,7 @@ def main() -> None:
             missing=missing,
         ),
         "chance": probes.CHANCE[kind],
-        "runs": [
-            reused[scheme, condition, seed] if (scheme, condition, seed) in reused else
-            {"scheme": scheme, "condition": condition, "seed": seed,
-             "workdir": str(runs[scheme, condition, seed].workdir),
-             "curve": score(runs[scheme, condition, seed], args.distances),
-             **({"curve_with_memory": score(runs[scheme, condition, seed], args.distances,
-                                            memory_window)}
-                if condition == "in_segment" else {})}
-            for (scheme, condition, seed) in every
-            if (scheme, condition, seed) in reused or (scheme, condition, seed) in runs
-        ],
+        "runs": [measured[key] for key in every if key in measured],  # the sweep's order
     }  # fmt: skip
     sweep.write(out / f"{stem}.json", results)
     (out / f"{stem}.md").write_text(render(results))

@@ -185,6 +185,16 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
     }
 
 
+def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **same) -> dict:
+    """The runs of ``runs`` (by key) that ``recorded`` finds at ``path`` and whose folder here has
+    not finished ``steps`` (a finished run folder wins over the JSON)."""
+    return {
+        k: run
+        for k, run in recorded(path, key, steps=steps, **same).items()
+        if k in runs and runs[k].result(steps) is None
+    }
+
+
 def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
     """The table's note on runs reused from an earlier commit (``recorded``), if any, each called
     ``name(run)``."""
