@@ -15,7 +15,9 @@ scheme × memory and a column for each measure, mean ± sd over seeds (n, the nu
   rows with memory from its ``memory`` condition, those without from ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
-reads "not measured"; nothing is typed by hand. Each column's command, commit and date follow the
+reads "not measured"; learned absolute positions read "n/a" at 4× and 16× (the extrapolation sweep
+leaves them out: past its ``max_len`` rows the table is clamped, not extended). Nothing is typed by
+hand. Each column's command, commit and date follow the
 table.
 """
 
@@ -29,6 +31,8 @@ from bench import sweep
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
+NOT_APPLICABLE = "n/a"
+NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
 COLUMNS = ("test bpc", "bpc at 4×", "bpc at 16×", "RECL (r = 0.1)", "needle accuracy")
 
 
@@ -120,10 +124,21 @@ def render(cells: dict, sources: dict[str, dict]) -> str:
                 if memory and column.startswith("bpc at"):
                     row.append("—")
                     continue
+                if scheme in NO_EXTRAPOLATION and column.startswith("bpc at"):
+                    row.append(NOT_APPLICABLE)
+                    continue
                 values = cells.get((scheme, memory, column))
                 row.append(_cell(values, digits.get(column, 4), longest.get(column)))
             lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
-    lines += ["", "Where each column comes from:", ""]
+    lines += [
+        "",
+        f"{NOT_APPLICABLE}: {', '.join(NO_EXTRAPOLATION)} positions are a table of `max_len` rows, "
+        "trained only up to the training length and clamped past it, so the extrapolation sweep "
+        "leaves them out.",
+        "",
+        "Where each column comes from:",
+        "",
+    ]
     for name, (_, column) in SOURCES.items():
         s = sources.get(name)
         if s is None:

@@ -10,12 +10,14 @@ Restores each run's model, measures the per-token test loss of the same tokens w
 ``same_length``) and computes the group's RECL for r = 0.1, 0.5, 1.0. With ``--ablation`` the group is
 every scheme's pair of runs of one seed (each seed its own group), and each scheme's pair is also
 scored as a group of two, as the paper's Table 8 compares models of one family. Writes ``recl.json``
-(settings, every seed's bpc by context and RECL) and renders ``recl.md`` (mean ± sd over seeds) from
-it.
+(settings, every seed's bpc by context and RECL) after each group and renders ``recl.md`` (mean ± sd
+over seeds) from it. A killed sweep goes on where it stopped: a group the JSON already holds, with
+the same contexts, tokens and segment and every run's ``eval.json`` unchanged, is not measured again.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import sys
@@ -65,6 +67,7 @@ def measure(args, seed, group) -> list[dict]:
         print(f"{label}, seed {seed} (step {step}):", {c: round(b, 4) for c, b in bpc.items()})
         rows.append({
             "label": label, "scheme": scheme, "seed": seed, "mem_len": cfg.model.mem_len, "bpc": bpc,
+            "trained": trained(workdir),
         })  # fmt: skip
     in_group = {r: recl(losses, r=r) for r in R_VALUES}
     for row in rows:
@@ -72,6 +75,33 @@ def measure(args, seed, group) -> list[dict]:
         if row["scheme"] is not None:
             pair = {k: v for k, v in losses.items() if k.startswith(f"{row['scheme']}, ")}
             row["pair_recl"] = {str(r): recl(pair, r=r)[row["label"]] for r in R_VALUES}
+    return rows
+
+
+def trained(workdir: pathlib.Path) -> dict | None:
+    """What identifies a run's training: its ``eval.json`` step and test bpc (None without one)."""
+    done = pathlib.Path(workdir) / "eval.json"
+    if not done.exists():
+        return None
+    result = json.loads(done.read_text())
+    return {"step": result.get("step"), "test_bpc": result.get("test", {}).get("bpc")}
+
+
+def measured_before(earlier: dict | None, settings: dict, seed, group) -> list[dict] | None:
+    """The rows of ``group`` that ``earlier`` (a ``recl.json``) holds, if it measured this very
+    group (its labels, of runs trained as they are now) with the same contexts, tokens, segment."""
+    if (
+        earlier is None
+        or any(earlier.get(k) != settings[k] for k in ("contexts", "r"))
+        or any(earlier["settings"].get(k) != settings["settings"][k] for k in ("tokens", "segment"))
+    ):
+        return None
+    rows = [row for row in earlier["runs"] if row["seed"] == seed]
+    if [row["label"] for row in rows] != [label for label, *_ in group]:
+        return None
+    now = [trained(workdir) for *_, workdir in group]
+    if any(t is None or row.get("trained") != t for row, t in zip(rows, now, strict=True)):
+        return None
     return rows
 
 
@@ -154,10 +184,16 @@ def main() -> None:
         ),
         "contexts": args.contexts,
         "r": list(R_VALUES),
-        "runs": [row for seed, group in groups.items() for row in measure(args, seed, group)],
+        "runs": [],
     }
     out = pathlib.Path(args.out)
-    sweep.write(out / "recl.json", results)
+    earlier = sweep.load(out / "recl.json")
+    for seed, group in groups.items():
+        rows = measured_before(earlier, results, seed, group)
+        if rows is not None:
+            print(f"seed {seed}: the group's RECL is in {out / 'recl.json'} already")
+        results["runs"] += measure(args, seed, group) if rows is None else rows
+        sweep.write(out / "recl.json", results)
     (out / "recl.md").write_text(render(results))
     print(render(results))
 

@@ -105,6 +105,10 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert all(set(r["recl"]) == set(r["pair_recl"]) == {"0.1", "0.5", "1.0"}
                for r in results["runs"])  # fmt: skip
     assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "seed 0: the group's RECL is in" in again.stdout  # resumed, not measured again
+    assert json.loads((tmp_path / "out" / "recl.json").read_text())["runs"] == results["runs"]
 
 
 @pytest.mark.bench

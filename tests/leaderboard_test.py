@@ -49,6 +49,7 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert _row(table, "alibi", "no")[4] == "0.500 ± 0.000 (2)"  # in segment
     assert _row(table, "txl", "yes")[3] == leaderboard.NOT_MEASURED  # recl.json: old format
     assert _row(table, "none", "no") == [leaderboard.NOT_MEASURED] * 5
+    assert _row(table, "learned", "no")[1:3] == [leaderboard.NOT_APPLICABLE] * 2  # clamped table
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
     assert "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03)" in table
     full = leaderboard.render(*_full(tmp_path / "full"))

@@ -261,3 +261,26 @@ def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit
                            "runs": list(reused.values())})  # fmt: skip
     assert table.endswith("\nReused from the JSON of commit abc1234: txl, memory seed 0.\n")
     assert "Reused" not in probes.render({"settings": settings, "chance": 0.1, "runs": [earlier]})
+
+
+def test_a_killed_recl_sweep_keeps_the_groups_it_measured_while_their_runs_are_unchanged(tmp_path):
+    from bench import recl
+
+    group = [(f"txl, memory {m}", "txl", None, tmp_path / f"txl_mem{m}") for m in (64, 0)]
+    for *_, workdir in group:
+        workdir.mkdir()
+        (workdir / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.0}}))
+    rows = [{"label": label, "seed": 0, "trained": recl.trained(workdir)}
+            for label, _, _, workdir in group]  # fmt: skip
+    now = {"settings": sweep.settings(["bench.recl"], tokens=64, segment=4), "contexts": [0, 4],
+           "r": [0.1, 0.5, 1.0]}  # fmt: skip
+    earlier = {**now, "runs": rows}
+    assert recl.measured_before(earlier, now, 0, group) == rows
+    assert recl.measured_before(earlier, now, 1, group) is None  # another seed's group
+    assert recl.measured_before(None, now, 0, group) is None
+    assert recl.measured_before({**earlier, "contexts": [0, 8]}, now, 0, group) is None
+    other = {**now, "settings": {**now["settings"], "tokens": 128}}
+    assert recl.measured_before(earlier, other, 0, group) is None
+    assert recl.measured_before(earlier, now, 0, group[:1]) is None  # another group
+    (group[1][3] / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.5}}))
+    assert recl.measured_before(earlier, now, 0, group) is None  # retrained: measured again
