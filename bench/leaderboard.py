@@ -17,8 +17,7 @@ scheme × memory and a column for each measure, mean ± sd over seeds (n, the nu
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
 reads "not measured"; learned absolute positions read "n/a" at 4× and 16× (the extrapolation sweep
 leaves them out: past its ``max_len`` rows the table is clamped, not extended). Nothing is typed by
-hand. Each column's command, commit and date follow the
-table.
+hand. Each column's command, commit and date follow the table.
 """
 
 from __future__ import annotations
