@@ -2,7 +2,7 @@
 and cuDNN's fused attention, side by side on one accelerator.
 
     python -m bench.fused_attention [--schemes txl,rope,alibi,t5,shaw] [--lengths 1024,...,32768]
-        [--dtype bfloat16] [--out docs/results]          # bash bench/gpu.sh runs it
+        [--dtype bfloat16] [--out docs/results]
 
 One layer of the large size (d_model 1024, 16 heads of 64), batch 1, a segment of T queries and no
 memory (``--memory`` adds one), causal: the shapes cuDNN's ``jax.nn.dot_product_attention`` takes.
@@ -12,7 +12,8 @@ parameters, timed as the median of ``--repeats`` calls after ``--warmup``. The `
 runs ``jax.nn.dot_product_attention`` (``implementation="cudnn"``; XLA's on a CPU) on the same
 projections where the scheme fits it: RoPE (rotation, then the fused kernel) and ALiBi (a
 precomputed ``[N, T, K]`` bias, up to ``--max-bias-gib``). *TFLOP/s* counts the attention core,
-causal: 2·2·N·H·T·K/2 forward, 2.5 times that backward (FlashAttention-2's count).
+causal: 2·2·N·H·T·K/2 forward, 2.5 times that backward (FlashAttention-2's count). ``compute`` also
+takes other sizes and batches (``size``, ``batch`` in its spec): ``bench.gpu``'s attention table.
 
 Writes ``fused_attention.json`` (settings, every cell) in ``--out`` and renders
 ``fused_attention.md`` from it, with the target: the txl kernel at T = 8k within 1.5× of cuDNN with
@@ -32,20 +33,27 @@ IMPLS = ("kernel", "tiled", "dense", "cudnn")
 CUDNN_SCHEMES = ("rope", "alibi")
 
 
+def _size(spec: dict) -> dict:
+    """The layer's sizes: ``spec["size"]``, a ``SIZES`` name or a dict of its fields (default large)."""
+    size = spec.get("size", "large")
+    return SIZES[size] if isinstance(size, str) else size
+
+
 def _layer(spec: dict):
     """The layer of a one-layer model, its input and window, and the forward's position context."""
     import jax
     import jax.numpy as jnp
 
-    size = dict(SIZES["large"], layers=1, mem=spec["memory"])
+    size = dict(_size(spec), layers=1, mem=spec["memory"])
+    batch = spec.get("batch", 1)
     impl = "dense" if spec["impl"] == "cudnn" else spec["impl"]
     model = our_model(spec["scheme"], size, attention_impl=impl, dtype=spec["dtype"])
-    mems = model.init_mems(1)._replace(valid=jnp.asarray(spec["memory"], jnp.int32))
+    mems = model.init_mems(batch)._replace(valid=jnp.asarray(spec["memory"], jnp.int32))
     ctx = model._position_context(mems, spec["length"], 0, None, True)
     dtype = jnp.dtype(spec["dtype"])
-    x = jax.random.normal(jax.random.key(0), (1, spec["length"], size["d_model"]), dtype)
-    window = jnp.concatenate([jnp.zeros((1, spec["memory"], size["d_model"]), dtype), x], 1)
-    return model.blocks[0].attention, x, window, ctx
+    x = jax.random.normal(jax.random.key(0), (batch, spec["length"], size["d_model"]), dtype)
+    window = jnp.concatenate([jnp.zeros((batch, spec["memory"], size["d_model"]), dtype), x], 1)
+    return model.layer(0).attention, x, window, ctx
 
 
 def _cudnn(attention, x, window, ctx, spec):
@@ -85,9 +93,9 @@ def compute(spec: dict) -> dict:
     compiled = step.lower(params, x, window).compile()
     call = lambda: jax.block_until_ready(compiled(params, x, window))  # noqa: E731
     seconds = median_seconds(call, spec["repeats"], spec["warmup"])
-    size = SIZES["large"]
+    size = _size(spec)
     keys = spec["length"] + spec["memory"]
-    flops = (
+    flops = spec.get("batch", 1) * (
         3.5 * 2 * 2 * size["heads"] * (size["d_model"] // size["heads"]) * spec["length"] * keys / 2
     )
     return {

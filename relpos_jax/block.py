@@ -1,7 +1,6 @@
 """One Transformer-XL layer: attention over the layer's memory window, then the feed-forward
 network, each with a residual connection and layer norm (post-norm as in the paper, pre-norm as an
-option); and how the model runs a layer, with or without recomputing it in the backward pass
-(``model.remat``).
+option). The model holds its L layers as one Block of stacked parameters (``relpos_jax.layers``).
 
 Legend: B batch, T segment, M memory, D model dim, F feed-forward dim.
 """
@@ -94,24 +93,3 @@ class Block(nnx.Module):
             window = self.norm_attention(window)
             return window[:, mem_BMD.shape[1] :], window
         return x_BTD, window
-
-
-def run_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: bool) -> jax.Array:
-    return block(x, mem_BMD, ctx, deterministic=deterministic)
-
-
-def remat_block(block: Block, x, mem_BMD, ctx: PositionContext, deterministic: bool) -> jax.Array:
-    """``model.remat``: the layer's activations are recomputed in the backward pass, not kept.
-
-    ``jax.checkpoint`` of the block as a pure function of its state; only dropout's random counters
-    change, so the state is written back only when dropout ran."""
-    graphdef, state = nnx.split(block)
-
-    def pure(state, x, mem_BMD, ctx):
-        module = nnx.merge(graphdef, state)
-        return module(x, mem_BMD, ctx, deterministic=deterministic), nnx.state(module)
-
-    y, state = jax.checkpoint(pure)(state, x, mem_BMD, ctx)
-    if not deterministic:  # dropout advanced its random counters
-        nnx.update(block, state)
-    return y

@@ -8,6 +8,10 @@ checkpoint was written by a compatible config (the config fields saved with it, 
 path and shape): a mismatch is the user's to fix and ends in one line naming the field. A checkpoint
 that cannot be read (truncated, corrupt, half-deleted) is reported, moved to ``corrupt/`` next to the
 checkpoints folder (nothing is deleted), and the one before it is used.
+
+A checkpoint of a model that held its layers one by one (``blocks/3/attention/w_q``, written before
+the layers became one scan over stacked parameters) is read as it was written and stacked
+(``layers.stack_layer_paths``): it resumes and evaluates as it did; the next save is stacked.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
+from relpos_jax import layers
 from relpos_jax.config import ConfigError
 from relpos_jax.sharding import path_string
 
@@ -112,17 +118,17 @@ class Checkpointer:
 
     def restore(self, step: int, *, state: Any, mems: Any) -> dict[str, Any]:
         """Restore into the structure (and shardings) of ``state`` and ``mems``."""
-        restored = dict(
-            self.manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(state),
-                    mems=ocp.args.StandardRestore(_storable(mems)),
-                    data=ocp.args.JsonRestore(),
-                    meta=ocp.args.JsonRestore(),
-                ),
-            )
+        unrolled = self._layers_one_by_one(step)
+        items = dict(
+            mems=ocp.args.StandardRestore(_storable(mems)),
+            data=ocp.args.JsonRestore(),
+            meta=ocp.args.JsonRestore(),
         )
+        if not unrolled:
+            items["state"] = ocp.args.StandardRestore(state)
+        restored = dict(self.manager.restore(step, args=ocp.args.Composite(**items)))
+        if unrolled:
+            restored["state"] = self._restore_stacked(step, state)
         saved = restored["mems"]
         restored["mems"] = type(mems)(saved.get("states", mems.states), saved["valid"])
         return restored
@@ -132,6 +138,8 @@ class Checkpointer:
         needs neither the optimizer (whatever its structure), nor the memory, nor the data. The
         arrays come back with the shardings of ``state``'s, whatever devices wrote them (a run on
         one CPU device per core, read by a process with one device)."""
+        if self._layers_one_by_one(step):
+            return self._restore_stacked(step, state)
         reader = ocp.CheckpointManager(
             self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
         )
@@ -144,6 +152,40 @@ class Checkpointer:
             return reader.restore(step, args=ocp.args.Composite(state=args))["state"]
         finally:
             reader.close()
+
+    def _layers_one_by_one(self, step: int) -> bool:
+        """Whether checkpoint ``step`` names its layers one by one (``blocks/<l>/…``)."""
+        return layers.has_layer_paths(_shapes(self.manager.item_metadata(step)["state"].tree))
+
+    def _restore_stacked(self, step: int, state: Any) -> Any:
+        """The part of checkpoint ``step``'s state item that ``state`` names, from a checkpoint
+        whose layers are one by one: read as written (numpy), stacked, laid out as ``state``."""
+        tree = self.manager.item_metadata(step)["state"].tree
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        reader = ocp.CheckpointManager(
+            self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
+        )
+        try:
+            args = ocp.args.PyTreeRestore(restore_args=as_numpy)
+            raw = reader.restore(step, args=ocp.args.Composite(state=args))["state"]
+        finally:
+            reader.close()
+        leaves = jax.tree_util.tree_flatten_with_path(raw)[0]
+        arrays = layers.stack_layer_paths({path_string(path): a for path, a in leaves})
+        warn(
+            f"the checkpoint at step {step} in {self.directory} holds its layers one by one; "
+            "read them stacked (the next checkpoint is saved stacked)"
+        )
+
+        def fill(path, target):
+            array = arrays[path_string(path)]
+            if jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key):
+                array = jax.random.wrap_key_data(array, impl=jax.random.key_impl(target))
+            else:
+                array = array.astype(target.dtype)
+            return jax.device_put(array, target.sharding)
+
+        return jax.tree_util.tree_map_with_path(fill, state)
 
     def check_compatible(
         self, step: int, state: Any, config: Any, *, partial: bool = False
@@ -159,6 +201,7 @@ class Checkpointer:
             saved_shapes = _shapes(self.manager.item_metadata(step)["state"].tree)
         except Exception as error:  # any failure to read: unreadable
             raise _Unreadable(_first_line(error)) from error
+        saved_shapes = layers.stack_layer_paths(saved_shapes, layers.stacked_shape)
         where = f"the checkpoint at step {step} in {self.directory}"
         saved = meta.get("config", {}) if isinstance(meta.get("config"), Mapping) else {}
         for section, values in sections(config).items():

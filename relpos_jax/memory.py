@@ -31,8 +31,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from relpos_jax.ops import precision
-
 
 class Memory(NamedTuple):
     states: jax.Array  # [L, B, M, D]
@@ -86,14 +84,14 @@ def update_memory(mems: Memory, inputs_LBTD: jax.Array) -> Memory:
 
 
 def update_key_value_memory(
-    mems: KeyValueMemory, window_keys: list[jax.Array], window_values: list[jax.Array]
+    mems: KeyValueMemory, window_keys: jax.Array, window_values: jax.Array
 ) -> KeyValueMemory:
-    """The last M of each layer's window ``[B, N, H, M + T]`` of keys and of values; no gradient."""
-    seg_len = window_keys[0].shape[-1] - mems.length
+    """The last M of each layer's window of keys and of values ``[L, B, N, H, M + T]``; no
+    gradient."""
+    seg_len = window_keys.shape[-1] - mems.length
 
-    def kept(windows, like):  # one pass: XLA fuses the slice into the stacking
-        stacked = precision.concatenate([w[None] for w in windows], axis=0)
-        return jax.lax.stop_gradient(stacked[..., seg_len:].astype(like.dtype))
+    def kept(windows, like):
+        return jax.lax.stop_gradient(windows[..., seg_len:].astype(like.dtype))
 
     valid = jnp.minimum(mems.valid + seg_len, mems.length).astype(jnp.int32)
     return KeyValueMemory(kept(window_keys, mems.keys), kept(window_values, mems.values), valid)

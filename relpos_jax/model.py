@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from relpos_jax import layers, schemes
 from relpos_jax import memory as memory_lib
-from relpos_jax import schemes
 from relpos_jax.adaptive import AdaptiveVocab
 from relpos_jax.attention import PositionContext
-from relpos_jax.block import Block, remat_block, run_block
+from relpos_jax.block import Block
 from relpos_jax.config import ModelConfig
 from relpos_jax.ops import precision
 from relpos_jax.ops.dropout import Dropout
@@ -84,7 +84,8 @@ class TransformerLM(nnx.Module):
         for name, param in schemes.get(cfg.position).shared_params(cfg, rngs).items():
             setattr(self, name, param)
         self.drop = Dropout(cfg.dropout, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        # the L layers as one Block of stacked parameters [L, ...], run by one scan
+        self.blocks = layers.stack_blocks(lambda: Block(cfg, rngs=rngs), cfg.n_layers)
         if cfg.pre_norm:
             self.final_norm = nnx.LayerNorm(d, epsilon=1e-5, dtype=cfg.dtype, rngs=rngs)
         if cfg.output_bias:  # the tied softmax's bias (the official code's out_layers[0].bias)
@@ -120,6 +121,11 @@ class TransformerLM(nnx.Module):
         return memory_lib.init_mems(
             cfg.n_layers, batch_size, length, cfg.d_model, dtype or cfg.dtype
         )
+
+    def layer(self, index: int) -> Block:
+        """Layer ``index`` as a ``Block`` of its own: a copy of its slice of the stacked parameters
+        (reading weights, analysis); writing to it leaves the model unchanged."""
+        return layers.layer(self.blocks, index)
 
     def __call__(
         self,
@@ -203,21 +209,26 @@ class TransformerLM(nnx.Module):
         x = self._add_absolute_positions(x_BTD, ctx.q_pos)
         x = self.drop(x, deterministic=deterministic)
         if isinstance(mems, memory_lib.KeyValueMemory):
-            window_keys, window_values = [], []
-            for block, memory_k, memory_v in zip(self.blocks, mems.keys, mems.values, strict=True):
+
+            def cached_layer(block, x, memory_k_v):
                 x, window_k, window_v = block.with_cached_keys_values(
-                    x, memory_k, memory_v, ctx, deterministic=deterministic
+                    x, *memory_k_v, ctx, deterministic=deterministic
                 )
-                window_keys.append(window_k)
-                window_values.append(window_v)
+                return x, (window_k, window_v)
+
+            x, (window_keys, window_values) = layers.scan_blocks(
+                self.blocks, cached_layer, x, (mems.keys, mems.values), deterministic=deterministic
+            )
             new_mems = memory_lib.update_key_value_memory(mems, window_keys, window_values)
         else:
-            layer_inputs = []
-            run = remat_block if cfg.remat else run_block
-            for block, mem_BMD in zip(self.blocks, mems.states, strict=True):
-                layer_inputs.append(x)
-                x = run(block, x, mem_BMD, ctx, deterministic)
-            new_mems = memory_lib.update_memory(mems, jnp.stack(layer_inputs))
+
+            def run_layer(block, x, mem_BMD):  # the memory keeps each layer's input
+                return block(x, mem_BMD, ctx, deterministic=deterministic), x
+
+            x, inputs_LBTD = layers.scan_blocks(
+                self.blocks, run_layer, x, mems.states, deterministic=deterministic, remat=cfg.remat
+            )
+            new_mems = memory_lib.update_memory(mems, inputs_LBTD)
         if cfg.pre_norm:
             x = self.final_norm(x)
         return self.drop(x, deterministic=deterministic), new_mems
@@ -260,9 +271,14 @@ class TransformerLM(nnx.Module):
         ctx = self._position_context(mems, tokens.shape[1], 0, None, True)
         x = self._token_embeddings(tokens)
         x = self._add_absolute_positions(x, ctx.q_pos)
-        for block, mem_BMD in zip(self.blocks[:layer], mems.states[:layer], strict=True):
-            x = block(x, mem_BMD, ctx, deterministic=True)
-        return self.blocks[layer].attention_probabilities(x, mems.states[layer], ctx)
+        x, _ = layers.scan_blocks(
+            self.blocks,
+            lambda block, x, mem_BMD: (block(x, mem_BMD, ctx, deterministic=True), None),
+            x,
+            mems.states,
+            layers=slice(0, layer),
+        )
+        return self.layer(layer).attention_probabilities(x, mems.states[layer], ctx)
 
     def position_logits(
         self, layer: int, query_NH: jax.Array, key_NH: jax.Array, max_distance: int
@@ -278,7 +294,7 @@ class TransformerLM(nnx.Module):
         states = jnp.zeros((cfg.n_layers, 1, max_distance, cfg.d_model), cfg.dtype)
         mems = memory_lib.Memory(states, jnp.asarray(max_distance, jnp.int32))
         ctx = self._position_context(mems, 1, 0, None, True)
-        attention = self.blocks[layer].attention
+        attention = self.layer(layer).attention
         by_key = attention.position_logits(jnp.asarray(query_NH), jnp.asarray(key_NH), ctx)
         return by_key[:, ::-1]  # column d: the key d positions back
 

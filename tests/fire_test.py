@@ -63,5 +63,6 @@ def test_fire_parameters_get_gradients_and_masked_keys_give_no_nan():
     named = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(grads)}
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in named.values())
     for param in ("fire_w1", "fire_w2", "fire_c", "fire_L"):
-        leaves = [leaf for name, leaf in named.items() if param in name]
-        assert len(leaves) == CFG.n_layers and all(float(jnp.abs(x).sum()) > 0 for x in leaves)
+        (stacked,) = [leaf for name, leaf in named.items() if param in name]  # [layers, ...]
+        assert stacked.shape[0] == CFG.n_layers
+        assert all(float(jnp.abs(layer).sum()) > 0 for layer in stacked), param

@@ -47,6 +47,6 @@ def test_kerple_parameters_get_gradients_through_the_model():
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
     grads = nnx.jit(nnx.grad(lambda m, tokens: m(tokens, m.init_mems(2))[0].std()))(model, tokens)
     named = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(grads)}
-    kerple = [name for name in named if "kerple_r" in name]
-    assert len(kerple) == 2 * CFG.n_layers
-    assert all(float(jnp.abs(named[name]).sum()) > 0 for name in kerple)
+    kerple = [name for name in named if "kerple_r" in name]  # r1, r2: each [layers, heads]
+    assert len(kerple) == 2 and all(named[name].shape[0] == CFG.n_layers for name in kerple)
+    assert all(float(jnp.abs(layer).sum()) > 0 for name in kerple for layer in named[name])

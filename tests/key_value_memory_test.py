@@ -93,7 +93,7 @@ def test_key_value_memory_holds_each_slots_keys_and_values():
     x1, x2 = (jax.random.normal(jax.random.PRNGKey(s), (B, 3, 32)) for s in (1, 2))
     _, mems = model.forward_embeddings(x1, model.init_mems(B, keys_values=True))
     _, mems = model.forward_embeddings(x2, mems)
-    w_kv = model.blocks[0].attention.w_kv[...]
+    w_kv = model.layer(0).attention.w_kv[...]
     layer0 = jnp.einsum("btd,dsnh->sbnht", jnp.concatenate([x1, x2], 1), w_kv)  # inputs of layer 0
     np.testing.assert_allclose(mems.keys[0], layer0[0, ..., -5:], **TOL)
     np.testing.assert_allclose(mems.values[0], layer0[1, ..., -5:], **TOL)

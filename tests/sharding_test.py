@@ -87,7 +87,10 @@ def test_every_large_parameter_has_logical_axes(position):
         name = sharding.path_string(path)
         axes = sharding.param_axes(variable)
         assert len(axes) == variable.ndim, name
-        if variable.ndim >= 2 or name.endswith(("/u", "/v", "up/bias", "head/bias")):
+        if name.startswith("blocks/"):  # the layers' stack: one layer's axes follow
+            assert axes[0] == "layers", name
+            axes = axes[1:]
+        if len(axes) >= 2 or name.endswith(("/u", "/v", "up/bias", "head/bias")):
             assert any(a is not None for a in axes), name
 
 
@@ -97,19 +100,20 @@ def test_meshes_train_like_one_device(tmp_path):
     assert result["devices"] == 8
     one = result["one"]
     assert len(one) == 3
-    # rules: embed -> fsdp, heads -> tensor, mlp -> tensor; w_q is [d_model 64, heads 8, head_dim 8]
+    # rules: layers replicated, embed -> fsdp, heads -> tensor, mlp -> tensor; a layer's w_q is
+    # [d_model 64, heads 8, head_dim 8]
     shard_of_w_q = {"2x2x2": [32, 4, 8]}
     assert sorted(result["meshes"]) == sorted(shard_of_w_q)
     for name, run in result["meshes"].items():
         assert max(abs(a - b) for a, b in zip(run["losses"], one, strict=True)) < 1e-4, name
         specs = run["specs"]
-        assert specs["0/blocks/0/attention/w_q/.value"] == "P('fsdp', 'tensor', None)", name
-        assert specs["0/blocks/0/feed_forward/up/kernel/.value"] == "P('fsdp', 'tensor')", name
+        assert specs["0/blocks/attention/w_q/.value"] == "P(None, 'fsdp', 'tensor', None)", name
+        assert specs["0/blocks/feed_forward/up/kernel/.value"] == "P(None, 'fsdp', 'tensor')", name
         assert specs["0/embed/embedding/.value"] == "P(None, 'fsdp')", name
         # optimizer moments follow their parameters
         assert (
-            specs["1/opt_state/inner_state/1/0/mu/blocks/0/attention/w_q/.value"]
-            == "P('fsdp', 'tensor', None)"
+            specs["1/opt_state/inner_state/1/0/mu/blocks/attention/w_q/.value"]
+            == "P(None, 'fsdp', 'tensor', None)"
         )
         assert run["w_q_shard"] == shard_of_w_q[name], name
         assert run["mems"] == "P(None, ('data', 'fsdp'), 'context', None)"

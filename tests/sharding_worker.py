@@ -72,7 +72,7 @@ def specs(trainer) -> dict[str, str]:
 
 def _w_q(trainer):
     model, _ = nnx.merge(trainer.graphdef, trainer.state)
-    return model.blocks[0].attention.w_q[...]
+    return model.layer(0).attention.w_q[...]
 
 
 def meshes(workdir: pathlib.Path) -> None:

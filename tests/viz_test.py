@@ -84,7 +84,7 @@ def test_rope_from_model_uses_its_scaling_factor(rng):
 def test_txl_bias_from_model_is_v_w_r_r_d(overrides):
     model = tiny_model("txl", **overrides)
     k_len, layer = 9, 1
-    attention = model.blocks[layer].attention
+    attention = model.layer(layer).attention
     w_r = np.asarray(attention.w_r[...], np.float64)
     v = np.asarray((attention if overrides else model).v[...], np.float64)
     r = np.asarray(P.relative_sinusoid(k_len, 32, overrides.get("clamp_len")), np.float64)
@@ -105,7 +105,7 @@ def test_shaw_bias_is_the_query_against_the_clamped_key_table(rng):
     model = tiny_model("shaw")  # max distance 3
     q = rng.standard_normal((4, 8))
     bias = viz.position_bias_from_model(model, 1, DISTANCES, query=q)
-    table = np.asarray(model.blocks[1].attention.table_k[...], np.float64)
+    table = np.asarray(model.layer(1).attention.table_k[...], np.float64)
     expected = q @ table[np.clip(DISTANCES, -3, 3) + 3].T / math.sqrt(8)
     np.testing.assert_allclose(bias, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(bias[:, DISTANCES == 19], bias[:, DISTANCES == 3])
@@ -115,7 +115,7 @@ def test_deberta_bias_is_c2p_plus_p2c_of_the_library(rng):
     model = tiny_model("deberta")  # bucket size 4, max position 16
     q, k = rng.standard_normal((2, 4, 8))
     bias = viz.position_bias_from_model(model, 0, DISTANCES, query=q, key=k)
-    attention = model.blocks[0].attention
+    attention = model.layer(0).attention
     rel = model.rel_norm(model.rel_embed[...])
     pos_key = jnp.einsum("rd,dnh->rnh", rel, attention.w_kv[...][:, 0])
     pos_query = jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...])
@@ -163,7 +163,7 @@ def test_attention_weights_reproduce_the_layer_output(txl_with_memory, pre_norm_
     tokens, layer = jnp.array([[4, 5, 6, 7]]), 1
     _, new_mems = model(tokens, mems)
     x = new_mems.states[layer][:, -4:]  # the memory stores each layer's input
-    block = model.blocks[layer]
+    block = model.layer(layer)
     window = jnp.concatenate([mems.states[layer], x], axis=1)
     if block.pre_norm:
         window = block.norm_attention(window)

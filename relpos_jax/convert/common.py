@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from relpos_jax import layers
 from relpos_jax.config import Config, ModelConfig
 from relpos_jax.model import TransformerLM
 from relpos_jax.sharding import path_string
@@ -89,9 +90,11 @@ def fields(model: ModelConfig, *names: str) -> str:
 
 def assemble(model_config: ModelConfig, params: Mapping[str, np.ndarray]) -> TransformerLM:
     """A ``TransformerLM`` of ``model_config`` whose parameters are ``params`` (keyed by path,
-    ``"blocks/0/attention/w_q"``), every one given exactly once with the model's shape. The model is
-    never initialised at random: its shapes come from ``nnx.eval_shape``, its dropout counters from
-    a compiled init whose parameters XLA drops."""
+    ``"blocks/0/attention/w_q"``, layer by layer: stacked here as the model holds them), every one
+    given exactly once with the model's shape. The model is never initialised at random: its shapes
+    come from ``nnx.eval_shape``, its dropout counters from a compiled init whose parameters XLA
+    drops."""
+    params = layers.stack_layer_paths(params)
     build = lambda: TransformerLM(model_config, rngs=nnx.Rngs(0))  # noqa: E731
     graphdef, abstract, _ = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
     rest = jax.jit(lambda: nnx.split(build(), nnx.Param, ...)[2])()
