@@ -2,7 +2,8 @@
 
 ``train_step_fn`` takes the model and optimizer state, a ``[B, T]`` batch of inputs and targets
 and the memory, and returns the new state, the new memory and the step's metrics. Adam(W) with
-linear warm-up and cosine decay, gradient clipping, optional micro-batching (gradient accumulation).
+linear warm-up and cosine decay, gradient clipping, optional micro-batching (gradient accumulation,
+one scan over the micro-batches).
 A step whose loss or gradients are not finite changes nothing and is counted; the memory then
 starts empty. ``jitted_train_step`` compiles it once a process for a model graph and mesh.
 """
@@ -49,31 +50,56 @@ def segment_loss(model, inputs, targets, mems):
 
 
 def _micro_batches(tree, parts: int, axis: int):
-    return [
-        jax.tree.map(lambda a, k=k: jnp.split(a, parts, axis=axis)[k], tree) for k in range(parts)
-    ]
+    """Every array of ``tree`` split along ``axis`` into ``parts`` stacked on a new leading axis."""
+
+    def split(a):
+        shape = (*a.shape[:axis], parts, a.shape[axis] // parts, *a.shape[axis + 1 :])
+        return jnp.moveaxis(a.reshape(shape), axis, 0)
+
+    return jax.tree.map(split, tree)
+
+
+def _accumulated(model, grad_accum: int, batch, mems: Memory):
+    """``(loss, new memory, gradients)`` of the batch as ``grad_accum`` micro-batches of its rows,
+    one ``jax.lax.scan`` (one micro-batch is compiled, whatever their number): the gradients
+    summed over the micro-batches and averaged, the losses averaged, each micro-batch with its
+    rows of the memory. Dropout's random state is carried from one micro-batch to the next."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    parts = {
+        "inputs": _micro_batches(batch["inputs"], grad_accum, axis=0),
+        "targets": _micro_batches(batch["targets"], grad_accum, axis=0),
+        "states": _micro_batches(mems.states, grad_accum, axis=1),
+    }
+
+    def part_loss(params, rest, part):
+        micro_model = nnx.merge(graphdef, params, rest, copy=True)  # variables of this trace
+        part_mems = Memory(part["states"], mems.valid)
+        loss, new_mems = segment_loss(micro_model, part["inputs"], part["targets"], part_mems)
+        return loss, (new_mems, nnx.state(micro_model, nnx.Not(nnx.Param)))
+
+    def micro_step(carry, part):
+        rest, grads = carry
+        (loss, (part_mems, rest)), part_grads = jax.value_and_grad(part_loss, has_aux=True)(
+            params, rest, part
+        )
+        return (rest, jax.tree.map(jnp.add, grads, part_grads)), (loss, part_mems)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (rest, grads), (losses, part_mems) = jax.lax.scan(micro_step, (rest, zeros), parts)
+    nnx.update(model, rest)
+    states = jnp.moveaxis(part_mems.states, 0, 1)  # [L, parts, rows, M, D]
+    new_mems = Memory(states.reshape(mems.states.shape), part_mems.valid[-1])
+    return losses.mean(), new_mems, jax.tree.map(lambda g: g / grad_accum, grads)
 
 
 def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
     """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows."""
     model, optimizer = nnx.merge(graphdef, state)
-    grad_fn = nnx.value_and_grad(segment_loss, has_aux=True)
     if grad_accum == 1:
+        grad_fn = nnx.value_and_grad(segment_loss, has_aux=True)
         (loss, new_mems), grads = grad_fn(model, batch["inputs"], batch["targets"], mems)
     else:
-        batches = _micro_batches(batch, grad_accum, axis=0)
-        states = _micro_batches(mems.states, grad_accum, axis=1)
-        losses, grads, new_states = [], None, []
-        for part, part_states in zip(batches, states, strict=True):
-            (part_loss, part_mems), part_grads = grad_fn(
-                model, part["inputs"], part["targets"], Memory(part_states, mems.valid)
-            )
-            losses.append(part_loss)
-            new_states.append(part_mems.states)
-            grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
-        grads = jax.tree.map(lambda g: g / grad_accum, grads)
-        loss = jnp.mean(jnp.stack(losses))
-        new_mems = Memory(jnp.concatenate(new_states, axis=1), part_mems.valid)
+        loss, new_mems, grads = _accumulated(model, grad_accum, batch, mems)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     # A NaN loss can come with finite gradients (e.g. from a branch with zero derivative): make the
