@@ -26,7 +26,7 @@ from relpos_jax.attention import band as band_term
 from relpos_jax.attention import context as context_parallel
 from relpos_jax.attention import fused, tile, tiled
 from relpos_jax.config import ModelConfig
-from relpos_jax.ops import precision
+from relpos_jax.ops import backend, precision
 from relpos_jax.ops.dropout import Dropout
 from relpos_jax.schemes import Tile, normal_param
 
@@ -149,12 +149,12 @@ class Attention(nnx.Module):
         self.config = cfg
         self.scheme = schemes.get(cfg.position)
         fused.check(cfg)
-        # Keys and values [B, N, H, K] (each head's keys as columns) where the products and RoPE's
-        # rotation read them: on a CPU the content logits q·kᵀ read them in place, and their
+        # On a CPU, keys and values [B, N, H, K] (each head's keys as columns) where the products
+        # and RoPE's rotation read them: the content logits q·kᵀ read them in place, and their
         # gradients reach the projection's backward products without a transposition of single
         # elements (bf16 Transformer-XL step −3%, RoPE −8 to −13%); [B, K, N, H] where a scheme
-        # gathers keys by row (DeBERTa).
-        self.kv_layout = self.scheme.kv_layout
+        # gathers keys by row (DeBERTa), and on GPU and TPU, whose libraries read any layout.
+        self.kv_layout = self.scheme.kv_layout if backend.on_cpu() else "bknh"
         self.scale = self.scheme.scale(cfg)
         std = cfg.init_std
         self.w_q = normal_param(rngs, (d, n, h), std, ("embed", "heads", "head_dim"))

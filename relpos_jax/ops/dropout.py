@@ -17,6 +17,10 @@ A dropout costs about half as much (1M-element bf16 mask, forward and backward: 
 XLA computes its mask once, as booleans, for the forward and the backward pass.
 An element is kept when its draw is at least ``round(rate · 2³²)``, and kept elements are scaled by
 the exact ``1 / (1 − rounded rate)``. The module's state (rate, RNG stream) is ``nnx.Dropout``'s own.
+
+All of this is for XLA:CPU: on a GPU or TPU (``backend.on_cpu()`` false) the module draws its mask
+with JAX's own ``jax.random.bernoulli``, as ``nnx.Dropout`` does. (The tiled attention's tiles keep
+``keep_mask`` everywhere: the Pallas kernels draw the same bits.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from relpos_jax.ops import backend
 
 LEVELS = 1 << 32
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -110,5 +116,12 @@ class Dropout(nnx.Dropout):
             return inputs
         if self.rate >= 1.0:
             return jnp.zeros_like(inputs)
-        mask, scale = keep_mask(self.next_key(rngs), inputs.shape, self.rate)
+        key = self.next_key(rngs)
+        if backend.on_cpu():
+            mask, scale = keep_mask(key, inputs.shape, self.rate)
+        else:
+            mask, scale = (
+                jax.random.bernoulli(key, 1.0 - self.rate, inputs.shape),
+                1 / (1 - self.rate),
+            )
         return jnp.where(mask, inputs * jnp.asarray(scale, inputs.dtype), jnp.zeros_like(inputs))

@@ -10,7 +10,8 @@ faster (346 → 286 ms); the price is that freed memory stays with the process (
 for glibc's heap already.
 
 ``reuse_freed_memory()`` is called by ``train.py``, ``eval.py`` and the benchmarks before JAX starts
-its threads. Set ``RELPOS_JAX_SYSTEM_MALLOC=1`` to keep glibc's defaults.
+its threads; it acts only where JAX will run on the CPU (``backend.cpu_only_host``). Set
+``RELPOS_JAX_SYSTEM_MALLOC=1`` to keep glibc's defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import ctypes
 import ctypes.util
 import os
 import platform
+
+from relpos_jax.ops import backend
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's malloc.h
 _NEVER = 2**31 - 1
@@ -29,6 +32,8 @@ def reuse_freed_memory() -> bool:
     it did. A no-op off glibc (macOS, musl) or with ``RELPOS_JAX_SYSTEM_MALLOC=1``. Call it before
     the first computation: arenas that threads already hold stay as they are."""
     if os.environ.get("RELPOS_JAX_SYSTEM_MALLOC") == "1" or platform.libc_ver()[0] != "glibc":
+        return False
+    if not backend.cpu_only_host():  # an accelerator runs the steps: leave the host as it is
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER))

@@ -24,6 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from relpos_jax.ops import backend
+
 
 def einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
     """``jnp.einsum(spec, a, b)`` of two operands, accumulated in float32; the result in the wider of
@@ -121,7 +123,7 @@ def sum_leading(x: jax.Array, count: int) -> jax.Array:
     shape = x.shape[count:]
     rows = math.prod(x.shape[:count])
     flat = x.reshape(rows, math.prod(shape))
-    if jax.default_backend() == "cpu" and rows < flat.shape[1]:
+    if backend.on_cpu() and rows < flat.shape[1]:
         flat = flat.astype(jnp.float32)
         total = jax.lax.dot_general(
             jnp.ones(rows, jnp.float32), flat, (((0,), (0,)), ((), ())),
@@ -182,7 +184,7 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     rows). A weight gradient ``[BT, F]ᵀ·[BT, D]`` thus transposes the ``[BT, D]`` side and the
     ``[D, F]`` result rather than the ``[BT, F]`` side.
     """
-    if jax.default_backend() != "cpu":
+    if not backend.on_cpu():
         return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
     inputs, out = spec.replace(" ", "").split("->")
     lhs, rhs = inputs.split(",")

@@ -56,5 +56,8 @@ class RoPE(Scheme):
     def rotate(self, attention, q, k, context):
         interleaved = attention.config.rope_interleaved
         q = P.rotate(q, *context["q"], interleaved=interleaved)
-        k = P.rotate_columns(k, *context["k"], interleaved=interleaved)
+        if attention.kv_layout == "bknh":  # [B, K, N, H]
+            k = P.rotate(k, *context["k"], interleaved=interleaved)
+        else:  # [B, N, H, K]
+            k = P.rotate_columns(k, *context["k"], interleaved=interleaved)
         return q, k

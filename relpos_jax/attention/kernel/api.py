@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from relpos_jax.attention.kernel import backward, forward
 from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, SUBLANES, Spec
 from relpos_jax.attention.kernel.skew import BACKENDS
+from relpos_jax.ops import backend as ops_backend
 
 DEFAULT_BLOCK = {"triton": 64, "mosaic": 128}
 
@@ -37,7 +38,7 @@ DEFAULT_BLOCK = {"triton": 64, "mosaic": 128}
 def backend_of(platform: str | None = None) -> str | None:
     """The kernel backend of a JAX platform (default: the default backend's): triton on GPU, mosaic
     on TPU, None elsewhere."""
-    platform = platform or jax.default_backend()
+    platform = platform or ops_backend.platform()
     return {"gpu": "triton", "cuda": "triton", "rocm": "triton", "tpu": "mosaic"}.get(platform)
 
 
