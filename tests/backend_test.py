@@ -41,7 +41,10 @@ def test_the_accelerator_form_gives_the_cpu_forms_logits(position):
 
 @pytest.mark.parametrize("position", ["txl", "rope", "shaw"])
 def test_the_accelerator_form_gives_the_cpu_forms_logits_in_tiles_and_with_cached_keys(position):
-    for settings in (dict(attention_impl="tiled", key_tile=4, query_tile=4), dict(keys_values=True)):
+    for settings in (
+        dict(attention_impl="tiled", key_tile=4, query_tile=4),
+        dict(keys_values=True),
+    ):
         cpu = _logits(position, **settings)
         with backend.target("tpu"):
             accelerator = _logits(position, **settings)
