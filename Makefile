@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-bench test-peers test-convert lint demo bench notebooks clean
+.PHONY: run test test-bench test-peers test-convert lint demo bench notebooks clean gpu-wheels
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -48,6 +48,11 @@ $(CONVERT_STAMP): pyproject.toml constraints.txt
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,notebooks]"
 	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace --timeout=3600 *.ipynb
+
+# The wheels that bench/gpu.sh installs on a GPU machine without network (.whl/, git-ignored): what
+# relpos_jax imports and the machine's image lacks, for CPython 3.12 on x86-64, at constraints.txt's pins.
+gpu-wheels:
+	bash bench/gpu_wheels.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

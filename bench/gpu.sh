@@ -1,43 +1,101 @@
 #!/usr/bin/env bash
-# relpos_jax on an accelerator, in three parts:
-#  1. the kernel tests on the device: the Pallas kernels compiled (not interpreted) against the
-#     float64 reference and the tiled path, and their lowering;
-#  2. one attention layer, forward and backward, bf16, T = 1k … 32k: the kernels against the tiled
-#     and dense paths and cuDNN (bench.fused_attention -> docs/results/fused_attention.{json,md});
-#  3. training tokens/s and MFU (model FLOPs per second over the device's dense peak) for
-#     txl_base_enwik8's sizes (12 layers, d_model 512, segment and memory 512, batch 22) and a
-#     larger model (24 layers, d_model 1024, d_ff 4096), dense and through the kernels, bf16 and
-#     float32; appended as a dated table to docs/results/gpu.md.
+# relpos_jax on an accelerator, as the machine is found (its python3 and jax, no network):
 #
-#   pip install -e '.[cuda,test]'    # JAX with CUDA and pytest (or '.[tpu,test]' on a TPU VM)
-#   bash bench/gpu.sh
+#   bash bench/gpu.sh            # every table, under 8 minutes: results in ${OUT:-docs/results}
+#   bash bench/gpu.sh --quick    # everything compiles and runs, under 3 minutes: ${OUT:-/tmp/relpos_gpu_quick}
 #
-# Targets: the txl kernel at T = 8k forward+backward within 1.5x of cuDNN with RoPE; >= 40% MFU in
-# bf16 for d_model >= 1024 on an H200; for txl_base_enwik8, more tokens/s than NVIDIA's published
-# PyTorch Transformer-XL base figure on one A100 (59,961 tokens/s) scaled by the two devices' bf16
-# peaks (x 989/312 on an H100/H200: 190,064 tokens/s).
-set -euo pipefail
+# 1. If .whl/ holds wheels (bash bench/gpu_wheels.sh fills it where pip reaches the index), installs
+#    them with pip --no-index into /tmp/site; relpos_jax runs from this checkout (PYTHONPATH).
+# 2. One process a table, each under `timeout` and within the run's time budget, so that a table
+#    that fails or hangs costs only itself: `python -m bench.gpu --table training|depth|profile|
+#    attention` merges its rows into gpu.json as it goes (see bench/gpu.py); then the kernel tests
+#    on the device (not in --quick), with the time left. JAX's persistent compilation cache
+#    (/tmp/jax_cache) lets a later table load what an earlier one compiled.
+# 3. Renders gpu.md from gpu.json (python -m bench.gpu_render); the log of the run is gpu.log.
+# GPU_BENCH_COMMIT=<commit> names the commit where the copy has no git history (a device's copy).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-device=$($PY -c 'import jax; print(jax.devices()[0].device_kind)')
-echo "== kernel tests on $device"
-$PY -m pytest -q -p no:randomly tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py \
-  tests/kernel_lowering_test.py
-echo "== one attention layer"
-$PY -m bench.fused_attention --out docs/results
-{
-  echo
-  echo "## $device, $(date -u +%F)"
-  echo
-  echo "Command: \`bash bench/gpu.sh\` (\`python -m bench.mfu --size base,large\`), jax $($PY -c 'import jax; print(jax.__version__)')."
-  echo
-  $PY -m bench.mfu --size base,large --dtypes bfloat16,float32 --repeats 10 --warmup 3
-  echo
-  echo 'Through the Pallas kernels (model.attention_impl=kernel):'
-  echo
-  $PY -m bench.mfu --size base,large --dtypes bfloat16 --repeats 10 --warmup 3 --attention-impl kernel
-  echo
-  echo 'The same large model with model.remat (each layer recomputed in the backward pass):'
-  echo
-  $PY -m bench.mfu --size large --dtypes bfloat16 --repeats 10 --warmup 3 --remat --attention-impl kernel
-} | tee -a docs/results/gpu.md
+QUICK=""
+if [ "${1:-}" = "--quick" ]; then QUICK="--quick"; fi
+if [ -n "$QUICK" ]; then
+  DIR=${OUT:-/tmp/relpos_gpu_quick}; BUDGET=${GPU_BENCH_BUDGET:-170}
+  CAPS="training:90 depth:60 profile:45 attention:60"
+else
+  DIR=${OUT:-docs/results}; BUDGET=${GPU_BENCH_BUDGET:-470}
+  CAPS="training:240 depth:110 profile:60 attention:130 kernel_tests:150"
+fi
+mkdir -p "$DIR"
+JSON=$DIR/gpu.json LOG=$DIR/gpu.log
+rm -f "$JSON" "$LOG" /tmp/gpu_bench_*.log
+start=$SECONDS
+say() { echo "[gpu.sh $((SECONDS - start)) s] $*" | tee -a "$LOG"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  say "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into /tmp/site"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || say "pip could not install .whl/ (above); going on without it"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
+export GPU_BENCH_COMMAND="bash bench/gpu.sh${QUICK:+ $QUICK}"
+if ! $PY -c "import relpos_jax.data" >/tmp/gpu_bench_import.log 2>&1; then
+  # The carried protobuf, only where the image's cannot load the carried generated code.
+  if compgen -G ".whl/extra/*.whl" >/dev/null; then
+    say "relpos_jax.data does not import: $(tail -n1 /tmp/gpu_bench_import.log); adding .whl/extra"
+    rm -rf /tmp/site
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl .whl/extra/*.whl 2>&1 | tee -a "$LOG"
+  fi
+  $PY -c "import relpos_jax.data" >/tmp/gpu_bench_import.log 2>&1 \
+    || say "relpos_jax.data does not import (the kernel tests need it): $(tail -n1 /tmp/gpu_bench_import.log)"
+fi
+say "$($PY -c 'import jax; d = jax.devices()[0]; print(f"{d.device_kind} ({jax.default_backend()}), jax {jax.__version__}")' 2>&1 | tail -n1); budget ${BUDGET} s"
+
+limit_for() {  # the table's cap, or what is left of the budget if less
+  local cap left
+  cap=$(echo "$CAPS" | tr ' ' '\n' | grep "^$1:" | cut -d: -f2)
+  left=$((BUDGET - (SECONDS - start)))
+  echo $((cap < left ? cap : left))
+}
+
+run_table() {  # run_table NAME COMMAND...: under its time limit; what went wrong goes into gpu.json
+  local name=$1 limit rc t0=$SECONDS
+  shift
+  limit=$(limit_for "$name")
+  if [ "$limit" -lt 20 ]; then
+    say "$name: skipped, ${limit} s left of the ${BUDGET} s budget"
+    $PY -m bench.gpu --record "$name" --outcome "skipped: the run's time budget was spent" --json "$JSON"
+    return
+  fi
+  say "$name: starting (limit ${limit} s)"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "/tmp/gpu_bench_$name.log" | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    last=$(grep -v '^\s*$' "/tmp/gpu_bench_$name.log" | tail -n1 | cut -c1-200)
+    $PY -m bench.gpu --record "$name" --json "$JSON" \
+      --outcome "stopped at gpu.sh's limit of ${limit} s; its last output: ${last:-none}"
+  elif [ "$rc" != 0 ]; then
+    last=$(grep -E "Error|error" "/tmp/gpu_bench_$name.log" | tail -n1 | cut -c1-300)
+    $PY -m bench.gpu --record "$name" --outcome "failed (exit $rc): ${last:-see gpu.log}" --json "$JSON"
+  fi
+  say "$name: done in $((SECONDS - t0)) s (exit $rc)"
+}
+
+for table in training depth profile attention; do
+  run_table "$table" $PY -m bench.gpu --table "$table" --json "$JSON" $QUICK
+done
+if [ -z "$QUICK" ]; then
+  # XLA_FLAGS set (even empty): tests/conftest.py's XLA:CPU settings stay off the device.
+  run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -q -p no:cacheprovider \
+    tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py
+  summary=$(grep -s -E "[0-9]+ (passed|failed|errors?)" /tmp/gpu_bench_kernel_tests.log | tail -n1 | cut -c1-300)
+  if [ -n "$summary" ]; then
+    $PY -m bench.gpu --record kernel_tests --outcome "$summary" --json "$JSON"
+  fi
+fi
+$PY -m bench.gpu_render --json "$JSON" --out "$DIR/gpu.md" 2>&1 | tee -a "$LOG"
+say "finished; $DIR/gpu.md, $DIR/gpu.json, $DIR/gpu.log"

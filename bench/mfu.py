@@ -1,7 +1,7 @@
 """Model FLOPs utilisation of relpos_jax training: tokens/s × FLOPs per token over the device's peak.
 
     python -m bench.mfu [--size base,large] [--dtypes bfloat16,float32] [--repeats 10]
-        [--attention-impl dense|tiled|kernel|auto]                                       # gpu.sh
+        [--attention-impl dense|tiled|kernel|auto]
 
 For each ``--size`` and dtype, times ``speed.ours("train", "txl", ...)`` (forward, backward, Adam,
 memory carried) and reports tokens/s, achieved model TFLOP/s (``model_flops`` per token × tokens/s)
