@@ -287,7 +287,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
      ("compare_training", "compare_training"), ("extrapolation", "extrapolation"),
      ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes"),
-     ("txl_small", "txl_small")],
+     ("txl_small", "txl_small"), ("compile_depth", "compile_depth")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
