@@ -38,14 +38,13 @@ from __future__ import annotations
 import itertools
 import json
 import pathlib
-import pickle
 from typing import Any
 
 import ml_collections
 import numpy as np
 
 from relpos_jax.config import Config, defaults
-from relpos_jax.convert import common
+from relpos_jax.convert import common, plain_pickle
 from relpos_jax.convert.common import ConvertError, Tensors
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -300,22 +299,43 @@ def convert_params(model: dict[str, Any], src: Tensors) -> dict[str, np.ndarray]
 
 
 def read_vocab(folder: pathlib.Path) -> list[str] | None:
-    """The tokenizer's symbols (``idx2sym``) from ``vocab.pkl`` / ``vocab.bin``, or None. These
-    are pickles: only convert folders you trust (as HuggingFace's own loader warns)."""
+    """The tokenizer's symbols (``idx2sym``) from ``vocab.pkl`` / ``vocab.bin``, or None. A pickle is
+    read as plain data (``plain_pickle``: nothing in it runs; anything but containers, strings and
+    numbers is refused in one line), a ``torch.save`` file by ``torch.load(weights_only=True)``."""
     for name in VOCABS:
         path = folder / name
         if not path.is_file():
             continue
-        try:
-            with path.open("rb") as file:
-                loaded = pickle.load(file)  # the user's own model folder (see the docstring)
-        except Exception:  # vocab.bin may be a torch.save file
+        if path.read_bytes()[:4] == b"PK\x03\x04":  # a torch.save zip archive
             torch = common.need("torch", f"reading {path}")
-            loaded = torch.load(str(path), weights_only=True)
+            try:
+                loaded = torch.load(str(path), weights_only=True)
+            except Exception as error:
+                raise ConvertError(
+                    f"{path} cannot be read by torch.load(weights_only=True) "
+                    f"({_first_line(error)}); move it out of --source"
+                ) from None
+        else:
+            try:
+                loaded = plain_pickle.load(path)
+            except plain_pickle.RefusedPickle as error:
+                raise ConvertError(
+                    f"{path} is refused: it would call {error} when read, and a vocabulary holds "
+                    "only lists, dicts and strings; move it out of --source"
+                ) from None
+            except Exception as error:
+                raise ConvertError(
+                    f"{path} is not a readable pickle ({_first_line(error)}); move it out of --source"
+                ) from None
         if not isinstance(loaded, dict) or "idx2sym" not in loaded:
             raise ConvertError(f"{path} holds no idx2sym list; move it out of --source")
         return [str(symbol) for symbol in loaded["idx2sym"]]
     return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def convert(source, workdir, base_config: ml_collections.ConfigDict | None = None) -> dict:
