@@ -27,6 +27,8 @@ def main(argv: list[str]) -> None:
     cli.initialize_distributed()
     import jax
 
+    from relpos_jax.config import Config
+    from relpos_jax.errors import accelerator_error
     from relpos_jax.evaluate import restore_model, run_eval
 
     workdir = cli.workdir()
@@ -35,6 +37,11 @@ def main(argv: list[str]) -> None:
         results = run_eval(model, config, _SPLITS.value)
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
+    except jax.errors.JaxRuntimeError as error:
+        explained = accelerator_error(error, Config.from_any(cli.config()))
+        if explained is None:
+            raise
+        cli.exit_with_device_failure(explained, workdir)
     results["step"] = step
     if jax.process_index() == 0:
         (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -20,6 +20,7 @@ def main(argv: list[str]) -> None:
     cli.split_cpu_into_cores(cli.config())  # before JAX starts
     cli.initialize_distributed()
     from relpos_jax.checkpoint import latest_step
+    from relpos_jax.errors import AcceleratorError
     from relpos_jax.train import NonFiniteLoss, Trainer
 
     workdir, config = cli.workdir(), cli.config()
@@ -30,10 +31,11 @@ def main(argv: list[str]) -> None:
         cli.say(f"training {config.model.position} on {config.data.name} from scratch in {workdir}")
     try:
         trainer = Trainer(config, workdir)
+        s = trainer.run()
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
-    try:
-        s = trainer.run()
+    except AcceleratorError as error:
+        cli.exit_with_device_failure(error, workdir)
     except NonFiniteLoss as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+from typing import Any
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -112,6 +113,15 @@ def say(message: str) -> None:
 def exit_with(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def exit_with_device_failure(error: Any, workdir: pathlib.Path) -> None:
+    """An ``errors.AcceleratorError`` in one line; the device's own message goes to
+    ``workdir/error.log``."""
+    log = pathlib.Path(workdir) / "error.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"{error}\n\n{error.detail}\n")
+    exit_with(f"{error} (the device's own message: {log})")
 
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError)

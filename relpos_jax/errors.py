@@ -1,4 +1,5 @@
-"""The one kind of user error the configuration raises: one line naming the field, value and fix."""
+"""The user errors, each one line naming the field, value and fix: an invalid config value
+(``ConfigError``), and a device that refused the program (``AcceleratorError``)."""
 
 from __future__ import annotations
 
@@ -12,3 +13,51 @@ class ConfigError(ValueError):
 def fail(field: str, value: Any, fix: str) -> None:
     shown = " ".join(repr(value).split())  # one line, even for an array or a nested dict
     raise ConfigError(f"{field}={shown} is invalid; {fix}")
+
+
+class AcceleratorError(RuntimeError):
+    """A GPU or TPU refused the program (its memory, shared memory or VMEM; a kernel that did not
+    compile): one line naming the field to change. ``detail`` keeps the device's own message."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
+
+
+def accelerator_error(error: BaseException, config: Any) -> AcceleratorError | None:
+    """The one-line ``AcceleratorError`` for a device's failure of a known kind, from a validated
+    ``Config``; None for any other failure (which then surfaces as it is)."""
+    text = str(error)
+    lower = text.lower()
+    model, data, train = config.model, config.data, config.train
+    where = f"on {_device()}"
+    if "shared memory size limit" in lower or ("vmem" in lower and "exceed" in lower):
+        memory = "shared memory" if "shared memory" in lower else "VMEM"
+        return AcceleratorError(
+            f"model.kernel_block={model.kernel_block} is invalid {where}: the attention kernels' "
+            f"blocks need more {memory} than it has; set --config.model.kernel_block=32 (or 16), "
+            "or --config.model.attention_impl=tiled",
+            text,
+        )
+    if "resource_exhausted" in lower or "out of memory" in lower:
+        return AcceleratorError(
+            f"data.batch_size={data.batch_size} is invalid {where}: the step does not fit its "
+            f"memory; lower --config.data.batch_size, raise --config.train.grad_accum (now "
+            f"{train.grad_accum}), set --config.model.remat=true, or "
+            "--config.model.attention_impl=tiled",
+            text,
+        )
+    kernels = ("mosaic", "triton", "pallas")
+    if model.attention_impl in ("kernel", "auto") and any(k in lower for k in kernels):
+        return AcceleratorError(
+            f"model.attention_impl={model.attention_impl!r} is invalid {where}: its Pallas "
+            "kernels did not compile; use --config.model.attention_impl=tiled",
+            text,
+        )
+    return None
+
+
+def _device() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind

@@ -8,6 +8,7 @@ resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import signal
 import sys
@@ -25,6 +26,7 @@ from relpos_jax import data as data_lib
 from relpos_jax import sharding
 from relpos_jax.checkpoint import Checkpointer, sections
 from relpos_jax.config import Config
+from relpos_jax.errors import accelerator_error
 from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import init_mems
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
@@ -112,7 +114,8 @@ class Trainer:
             process_count=jax.process_count(),
         )
         self.iterator = iter(dataset.to_iter_dataset())
-        self.graphdef, self.state = self._sharded_state()
+        with self.device_failures():
+            self.graphdef, self.state = self._sharded_state()
         m = cfg.model
         self.mems = jax.jit(
             lambda: init_mems(m.n_layers, cfg.data.batch_size, m.mem_len, m.d_model, m.dtype),
@@ -227,8 +230,20 @@ class Trainer:
         loss of unsaved steps) or after SIGTERM / SIGINT (preemption): the signal is noted and the run
         stops at the next step boundary, so the same command resumes exactly where it stopped.
         """
-        with _StopSignals() as signals:
+        with _StopSignals() as signals, self.device_failures():
             return self._run(stop_after, signals)
+
+    @contextlib.contextmanager
+    def device_failures(self):
+        """A device's refusal of a known kind (memory, shared memory, VMEM, a kernel that does not
+        compile) as ``errors.AcceleratorError``: one line naming the field to change."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as error:
+            explained = accelerator_error(error, self.config)
+            if explained is None:
+                raise
+            raise explained from error
 
     def _run(self, stop_after: int | None, signals: _StopSignals) -> dict[str, Any] | None:
         cfg = self.config.train
