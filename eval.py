@@ -3,12 +3,15 @@
 Restores the latest checkpoint, reports perplexity and bits per token (bpc at the byte level) on
 valid and test over every token exactly once with the ``eval.*`` settings (segment, memory,
 clamp_len, same_length), writes ``eval.json`` in the work directory; ``--sample N`` prints N
-generated tokens (bytes, or words of a word-level corpus) after ``--prompt``.
+generated tokens (bytes, or words of a word-level corpus) after ``--prompt``. An evaluation that
+was killed leaves ``eval.running`` behind, and the next one says in its first line that it
+restarts from the first token.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from absl import app, flags
 
@@ -32,8 +35,16 @@ def main(argv: list[str]) -> None:
     from relpos_jax.evaluate import restore_model, run_eval
 
     workdir = cli.workdir()
+    running = workdir / "eval.running"  # there while an evaluation runs: a killed one leaves it
+    if running.exists():
+        cli.say(
+            f"restarting the evaluation from the first token: the one started "
+            f"{running.read_text().strip()} did not finish (evaluation keeps no partial scores)"
+        )
     try:
         model, config, step = restore_model(cli.config(), workdir)
+        if jax.process_index() == 0:
+            running.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')}, splits {_SPLITS.value}\n")
         results = run_eval(model, config, _SPLITS.value)
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
@@ -45,6 +56,7 @@ def main(argv: list[str]) -> None:
     results["step"] = step
     if jax.process_index() == 0:
         (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+        running.unlink(missing_ok=True)
     for split in _SPLITS.value:
         r = results[split]
         cli.say(

@@ -89,3 +89,26 @@ def test_a_run_killed_on_8_devices_resumes_on_4_and_finishes_on_1(tiny, tmp_path
     assert {step for step, _ in logged} == set(expected)
     for step, loss in logged:
         np.testing.assert_allclose(loss, expected[step], rtol=1e-5, err_msg=f"step {step}")
+
+
+@pytest.mark.slow
+def test_an_evaluation_killed_mid_way_says_in_its_first_line_that_it_restarts(tiny, tmp_path):
+    config, _ = tiny
+    workdir = tmp_path / "run"
+    flags = [*_flags(config, workdir, []), "--config.train.steps=2"]
+    assert run_cli("train.py", *flags).returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "eval.py", *flags], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and not (workdir / "eval.running").exists():
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    assert not (workdir / "eval.json").exists()
+    again = run_cli("eval.py", *flags)
+    assert again.returncode == 0, again.stderr[-2000:]
+    first = again.stdout.splitlines()[0]
+    assert first.startswith("restarting the evaluation from the first token: the one started")
+    assert (workdir / "eval.json").exists() and not (workdir / "eval.running").exists()
