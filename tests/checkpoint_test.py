@@ -8,12 +8,10 @@ started again with the same command must log the same losses, step for step, bit
 
 from __future__ import annotations
 
-import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -25,23 +23,9 @@ from relpos_jax.config import ConfigError
 from relpos_jax.evaluate import restore_model
 from relpos_jax.metrics import read_metrics
 from relpos_jax.train import Trainer
-from tests.helpers import ROOT, files_under, logged_losses, run_cli, tiny_flags
+from tests.helpers import ROOT, files_under, kill_when_logged, logged_losses, run_cli, tiny_flags
 
 # ----------------------------------------------------------------------------- kills (SIGKILL)
-
-
-def _kill_when_logged(command: list[str], workdir: pathlib.Path, records: int) -> int:
-    """Start ``command``, SIGKILL it once metrics.jsonl holds ``records`` losses; its exit code."""
-    process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        if len(logged_losses(workdir)) >= records:
-            process.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    return process.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -64,7 +48,7 @@ def test_sigkill_anywhere_then_the_same_command_logs_the_same_losses(tiny, tmp_p
     assert sorted(expected) == list(range(1, steps + 1))
 
     # SIGKILL while steps and (asynchronous) checkpoint writes are under way ...
-    code = _kill_when_logged([sys.executable, "train.py", *flags(killed)], killed, 6)
+    code = kill_when_logged([sys.executable, "train.py", *flags(killed)], killed, 6)
     assert code == -signal.SIGKILL
     # ... and once at the worst moment of a save: its files written, the commit (rename) not done.
     before = latest_step(killed / "checkpoints")

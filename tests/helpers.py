@@ -47,6 +47,25 @@ def logged_losses(workdir):
     return [(m["step"], m["train/loss"]) for m in read_metrics(workdir) if "train/loss" in m]
 
 
+def kill_when_logged(command: list[str], workdir, records: int, **env) -> int:
+    """Start ``command`` (``env`` added to the environment), SIGKILL it once metrics.jsonl holds
+    ``records`` losses; its exit code."""
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **env},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if len(logged_losses(workdir)) >= records:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    return process.wait(timeout=60)
+
+
 def run_cli(*args, **env):
     """``python *args`` in the project root; ``env`` adds environment variables."""
     return subprocess.run(

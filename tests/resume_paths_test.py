@@ -6,7 +6,6 @@ float tolerance (the sums run in another order)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
+from tests.helpers import ROOT, kill_when_logged, logged_losses, run_cli, tiny_flags
 
 STEPS = 12
 PATHS = {
@@ -39,18 +38,9 @@ def _flags(config, workdir, extra):
 def _killed_after(flags, workdir, records: int, devices: int) -> None:
     """train.py with ``flags`` on ``devices`` CPU devices, SIGKILLed once ``records`` losses are
     logged."""
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices)}
-    process = subprocess.Popen(
-        [sys.executable, "train.py", *flags], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        if len(logged_losses(workdir)) >= records:
-            process.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    assert process.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    command = [sys.executable, "train.py", *flags]
+    code = kill_when_logged(command, workdir, records, JAX_NUM_CPU_DEVICES=str(devices))
+    assert code == -signal.SIGKILL, "the run ended before it could be killed"
 
 
 @pytest.mark.slow
