@@ -8,6 +8,7 @@ started again with the same command must log the same losses, step for step, bit
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,7 @@ def test_sigkill_anywhere_then_the_same_command_logs_the_same_losses(tiny, tmp_p
         cwd=ROOT,
         capture_output=True,
         timeout=300,
+        env={**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "killed_jax_cache")},
     )
     assert commit.returncode == -signal.SIGKILL
     assert latest_step(killed / "checkpoints") == before  # the half-saved one is not a checkpoint

@@ -4,8 +4,12 @@ The suite's time is mostly XLA compiling small programs, so two settings, inheri
 subprocess the tests start (the CLI, the benchmarks, the notebooks):
 
 * every compiled program, the single operations of eager calls included, goes to JAX's persistent
-  compilation cache in ``.pytest_cache/jax``: the two xdist workers and the subprocesses compile
-  each program once between them instead of once each;
+  compilation cache in ``.pytest_cache/jax/<xdist worker>``: a worker and the subprocesses it
+  starts (one at a time) compile each program once between them, and a later run of the suite
+  compiles nothing it compiled before. One folder a worker, because JAX writes an entry in place:
+  a process that reads an entry while another writes it (or after a SIGKILL cut it short) can
+  crash in deserialising it (``tests.helpers.kill_when_logged`` gives the processes it kills a
+  cache of their own);
 * XLA:CPU's backend optimisations and its MLIR fusion emitters are off (``XLA_FLAGS``, unless
   already set): a small training step compiles in about half the time (6.5 s instead of 11 s for
   four schemes' first steps) and runs at much the same speed at the tests' sizes. HLO-level passes
@@ -18,7 +22,11 @@ import os
 import pathlib
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))  # inherited by subprocesses
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ or os.environ.get("RELPOS_JAX_TEST_CACHE"):
+    # set here (in the xdist controller too, whose environment the workers inherit): per worker
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_CACHE / worker)  # inherited by subprocesses
+    os.environ["RELPOS_JAX_TEST_CACHE"] = "1"
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault(

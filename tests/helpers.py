@@ -49,10 +49,13 @@ def logged_losses(workdir):
 
 def kill_when_logged(command: list[str], workdir, records: int, **env) -> int:
     """Start ``command`` (``env`` added to the environment), SIGKILL it once metrics.jsonl holds
-    ``records`` losses; its exit code."""
+    ``records`` losses; its exit code. The process compiles into a cache of its own (beside
+    ``workdir``): a kill can cut short an entry it is writing."""
     import signal
     import time
 
+    cache = pathlib.Path(workdir).parent / f"{pathlib.Path(workdir).name}_jax_cache"
+    env = {"JAX_COMPILATION_CACHE_DIR": str(cache), **env}
     process = subprocess.Popen(
         command, cwd=ROOT, env={**os.environ, **env},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
