@@ -3,13 +3,15 @@
 The suite's time is mostly XLA compiling small programs, so two settings, inherited by every
 subprocess the tests start (the CLI, the benchmarks, the notebooks):
 
-* every compiled program, the single operations of eager calls included, goes to JAX's persistent
-  compilation cache in ``.pytest_cache/jax/<xdist worker>``: a worker and the subprocesses it
-  starts (one at a time) compile each program once between them, and a later run of the suite
-  compiles nothing it compiled before. One folder a worker, because JAX writes an entry in place:
-  a process that reads an entry while another writes it (or after a SIGKILL cut it short) can
-  crash in deserialising it (``tests.helpers.kill_when_logged`` gives the processes it kills a
-  cache of their own);
+* every program that the subprocesses the tests start (train.py, eval.py, the benchmarks) compile
+  goes to JAX's persistent compilation cache in ``.pytest_cache/jax/<xdist worker>``: a run and
+  its resumption compile each program once between them, and a later run of the suite compiles
+  nothing it compiled before. One folder a worker, because JAX writes an entry in place: a process
+  that reads an entry while another writes it (or after a SIGKILL cut it short) can crash in
+  deserialising it (``tests.helpers.kill_when_logged`` gives the processes it kills a cache of
+  their own). The workers themselves keep no persistent cache: after some hundred tests, jaxlib
+  0.10.2 crashed a worker in serialising a CPU executable for it (a segmentation fault in
+  ``compilation_cache.put_executable_and_time``, twice at the same test of a CI run);
 * XLA:CPU's backend optimisations and its MLIR fusion emitters are off (``XLA_FLAGS``, unless
   already set): a small training step compiles in about half the time (6.5 s instead of 11 s for
   four schemes' first steps) and runs at much the same speed at the tests' sizes. HLO-level passes
@@ -37,6 +39,8 @@ os.environ.setdefault(
 
 import jax  # noqa: E402  (after the cache settings, which jax reads when imported)
 import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)  # this process only (see above)
 import pytest  # noqa: E402
 
 from relpos_jax.config import load_config  # noqa: E402
