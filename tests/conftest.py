@@ -3,15 +3,18 @@
 The suite's time is mostly XLA compiling small programs, so two settings, inherited by every
 subprocess the tests start (the CLI, the benchmarks, the notebooks):
 
-* every program that the subprocesses the tests start (train.py, eval.py, the benchmarks) compile
-  goes to JAX's persistent compilation cache in ``.pytest_cache/jax/<xdist worker>``: a run and
-  its resumption compile each program once between them, and a later run of the suite compiles
-  nothing it compiled before. One folder a worker, because JAX writes an entry in place: a process
-  that reads an entry while another writes it (or after a SIGKILL cut it short) can crash in
-  deserialising it (``tests.helpers.kill_when_logged`` gives the processes it kills a cache of
-  their own). The workers themselves keep no persistent cache: after some hundred tests, jaxlib
-  0.10.2 crashed a worker in serialising a CPU executable for it (a segmentation fault in
-  ``compilation_cache.put_executable_and_time``, twice at the same test of a CI run);
+* every compiled program, the single operations of eager calls included, goes to JAX's persistent
+  compilation cache in ``.pytest_cache/jax/<xdist worker>``: a worker and the subprocesses it
+  starts (one at a time) compile each program once between them, and a later run of the suite
+  compiles nothing it compiled before. One folder a worker, because JAX writes an entry in place:
+  a process that reads an entry while another writes it (or after a SIGKILL cut it short) can
+  crash in deserialising it (``tests.helpers.kill_when_logged`` gives the processes it kills a
+  cache of their own);
+* after each test module, the worker lets go of the programs it compiled (``jax.clear_caches``):
+  each XLA:CPU executable maps about three regions of memory, and a worker that kept every one
+  reached the kernel's limit of 65,530 maps a process (``vm.max_map_count``) some 450 tests in and
+  died with a segmentation fault in the next compile (52,511 maps were counted in a worker at 80 %
+  of a run). A later module that compiles the same program reads it from the persistent cache;
 * XLA:CPU's backend optimisations and its MLIR fusion emitters are off (``XLA_FLAGS``, unless
   already set): a small training step compiles in about half the time (6.5 s instead of 11 s for
   four schemes' first steps) and runs at much the same speed at the tests' sizes. HLO-level passes
@@ -20,6 +23,7 @@ subprocess the tests start (the CLI, the benchmarks, the notebooks):
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 
@@ -39,12 +43,18 @@ os.environ.setdefault(
 
 import jax  # noqa: E402  (after the cache settings, which jax reads when imported)
 import numpy as np  # noqa: E402
-
-jax.config.update("jax_enable_compilation_cache", False)  # this process only (see above)
 import pytest  # noqa: E402
 
 from relpos_jax.config import load_config  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """A module's compiled programs freed after it (see the module's docstring)."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture
