@@ -75,7 +75,8 @@ def unit_query(spec: Spec) -> jax.Array:
     return (lanes == 0).astype(F32)
 
 
-SUBLANES = 8  # Mosaic reads and writes rows at multiples of this; tables carry as many more rows
+# Mosaic reads and writes rows at multiples of this; tables carry as many more rows
+SUBLANES = skew_lib.SUBLANES
 
 
 def rows_of(spec: Spec, ref, x0) -> jax.Array:

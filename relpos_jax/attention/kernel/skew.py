@@ -9,8 +9,11 @@ distances ``δ − S + 1 … δ + S − 1``. A Toeplitz term is scored once per 
 * ``spread(M) [S, 2S]``: its transpose, ``out[i, S − i + j] = M[i, j]`` and 0 elsewhere, which
   sums a tile's pairs by distance (the value side, and every per-distance gradient).
 
-Mosaic (TPU) does both with one strided rotation of the rows (``pltpu.roll``: row i rotated by
-``s + i·stride``). Triton has no such op on values: the products go through a per-program scratch
+Mosaic (TPU) does both with a strided rotation of the rows (``pltpu.roll``: row i rotated by
+``shift + i·stride``, the stride at most a few lanes, v5 and later): ``band`` rotates row i by
+``i − S`` (stride +1); ``spread``, its inverse, by ``S − i``, a stride of −1 that Mosaic cannot
+take, so it rotates the rows reversed (row ``S − 1 − i`` by ``1 + i``) and reverses them back, each
+reversal a gather within every 8-row vreg and the vregs taken in reverse order. Triton has no such op on values: the products go through a per-program scratch
 buffer in global memory, written and read back at skewed addresses, a barrier between the two.
 
 Dropout (``keep``) is a counter-based hash of (seed, batch row, head, query, key): the same mask in
@@ -25,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 BACKENDS = ("triton", "mosaic")
+SUBLANES = 8  # the rows of a Mosaic vreg
 
 
 class Skew:
@@ -61,7 +65,8 @@ class Skew:
         m = m.astype(jnp.float32)
         if self.backend == "mosaic":
             padded = jnp.concatenate([m, jnp.zeros_like(m)], axis=1)
-            return pltpu.roll(padded, s, 1, stride=2 * s - 1, stride_axis=0)
+            rotated = pltpu.roll(_reverse_rows(padded), 1, 1, stride=1, stride_axis=0)
+            return _reverse_rows(rotated)
         rows, cols = self._rows_cols(2 * s)
         j = cols - s + rows
         inside = (j >= 0) & (j < s)
@@ -70,6 +75,17 @@ class Skew:
         out = self.scratch[rows, jnp.clip(j, 0, s - 1)]
         self._barrier()
         return jnp.where(inside, out, 0.0)
+
+
+def _reverse_rows(x: jax.Array) -> jax.Array:
+    """``x[::-1]`` as Mosaic lowers it (it has no ``rev``, and gathers only within a vreg): each
+    group of ``SUBLANES`` rows reversed by a gather, the groups concatenated in reverse order."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, (SUBLANES, x.shape[1]), 0)
+    groups = [
+        jnp.take_along_axis(x[r : r + SUBLANES], SUBLANES - 1 - rows, 0, mode="promise_in_bounds")
+        for r in range(0, x.shape[0], SUBLANES)
+    ]
+    return jnp.concatenate(groups[::-1], axis=0)
 
 
 def _mix(x: jax.Array) -> jax.Array:
