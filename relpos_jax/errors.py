@@ -58,6 +58,7 @@ def accelerator_error(error: BaseException, config: Any) -> AcceleratorError | N
 
 
 def _device() -> str:
-    import jax
+    """The device the program was built for: the target's (an ahead-of-time compile), else JAX's."""
+    from relpos_jax.ops import backend
 
-    return jax.devices()[0].device_kind
+    return backend.device_kind() or "this device"

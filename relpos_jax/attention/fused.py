@@ -12,8 +12,9 @@ per layer and call (linear in K) from the hooks the dense and tiled paths use:
   each tile from its parameters (``kernel.fire``);
 * ``content_query`` (txl's ``q + u``) and ``rotate`` (RoPE, before any path) act on q and k.
 
-DeBERTa (``Scheme.fused = False``), an explicit ``mask``, and a segment split over the
-``context`` axis run the tiled path instead. ``auto`` takes the kernels on a GPU or TPU, and on a
+DeBERTa (``Scheme.fused = False``), an explicit ``mask``, a segment split over the ``context``
+axis, and a chip the compiled kernels do not run on (TPU v4: ``kernel.unavailable``) run the tiled
+path instead. ``auto`` takes the kernels on a GPU or TPU, and on a
 CPU the dense path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
 matters and its time is no worse: ``docs/benchmarks.md``). ``kernel`` on a CPU runs the kernels in
 Pallas' interpreter (exact and slow: for tests).
@@ -21,7 +22,9 @@ Pallas' interpreter (exact and slow: for tests).
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from typing import Any
 
 import jax
@@ -62,6 +65,12 @@ def check(cfg: Any) -> None:
             f"dim {cfg.head_dim}, block {block(cfg)}); change model.n_heads or model.d_head, or use "
             "tiled",
         )  # fmt: skip
+    if cfg.attention_impl in ("kernel", "auto") and kernel.backend_of() == "mosaic":
+        if block(cfg) % 128:
+            fail(
+                "model.kernel_block", cfg.kernel_block,
+                "a TPU's kernel blocks are multiples of 128 lanes; set 128, or 0 (the default)",
+            )  # fmt: skip
 
 
 def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
@@ -69,12 +78,25 @@ def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
     impl = cfg.attention_impl
     if impl in ("dense", "tiled"):
         return impl
+    if kernel.backend_of() is not None and (why := kernel.unavailable()):
+        if impl == "kernel":
+            fail("model.attention_impl", impl, f"{why}; use tiled (or auto, which takes it there)")
+        _say_tiled(why)
+        return "tiled"
     if mask is None and not split and fusable(cfg):
         if impl == "kernel" or kernel.backend_of() is not None:
             return "kernel"
     if impl == "kernel" or split or k_len > DENSE_KEYS:
         return "tiled"
     return "dense"
+
+
+@functools.cache  # once a process
+def _say_tiled(why: str) -> None:
+    if jax.process_index() == 0:
+        print(
+            f"warning: model.attention_impl=auto takes the tiled attention: {why}", file=sys.stderr
+        )
 
 
 def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[str, Any]:

@@ -7,6 +7,8 @@ and values ``[B, N, H, K]`` (``Scheme.kv_layout``), draws dropout from a hash th
 
 ``platform()`` is the default backend's, unless ``target(...)`` names another: a program traced on a
 CPU host for a GPU or TPU (``jax.export``, an ahead-of-time compile) is then the accelerator's.
+``device_kind()`` and ``tpu_generation()`` tell which chip (``"TPU v5 lite"``: 5), for what differs
+between generations (Mosaic's strided rotation, from v5 on).
 """
 
 from __future__ import annotations
@@ -15,17 +17,21 @@ import contextlib
 import contextvars
 import importlib.util
 import os
+import re
 from collections.abc import Iterator
 
 import jax
 
-_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target", default=None)
+_TARGET: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "target", default=None
+)
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
 
 def platform() -> str:
     """``"cpu"``, ``"gpu"`` or ``"tpu"``: the target set by ``target``, else JAX's default backend."""
-    name = _TARGET.get() or jax.default_backend()
+    target_ = _TARGET.get()
+    name = target_[0] if target_ else jax.default_backend()
     return _ALIASES.get(name, name)
 
 
@@ -33,11 +39,30 @@ def on_cpu() -> bool:
     return platform() == "cpu"
 
 
+def device_kind() -> str | None:
+    """The target's device kind (``"TPU v5 lite"``, ``"NVIDIA H200"``): the one ``target`` names,
+    else that of JAX's first device when it is of the target platform; None if unknown."""
+    target_ = _TARGET.get()
+    if target_ is not None:
+        return target_[1]
+    return jax.devices()[0].device_kind
+
+
+def tpu_generation() -> int | None:
+    """The TPU's generation (``"TPU v4"``: 4, ``"TPU v5 lite"``: 5, ``"TPU7x"``: 7); None off a TPU
+    or when the kind is unknown."""
+    if platform() != "tpu":
+        return None
+    found = re.search(r"TPU\s*v?(\d+)", device_kind() or "")
+    return int(found.group(1)) if found else None
+
+
 @contextlib.contextmanager
-def target(name: str) -> Iterator[None]:
-    """Build models and trace programs for platform ``name`` (``cpu``, ``gpu``/``cuda``, ``tpu``)
-    inside this block, whatever this host's devices are."""
-    token = _TARGET.set(name)
+def target(name: str, device_kind: str | None = None) -> Iterator[None]:
+    """Build models and trace programs for platform ``name`` (``cpu``, ``gpu``/``cuda``, ``tpu``),
+    its chips of ``device_kind`` (a device's ``device_kind``; None: unknown) inside this block,
+    whatever this host's devices are."""
+    token = _TARGET.set((name, device_kind))
     try:
         yield
     finally:

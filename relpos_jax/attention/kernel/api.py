@@ -42,6 +42,15 @@ def backend_of(platform: str | None = None) -> str | None:
     return {"gpu": "triton", "cuda": "triton", "rocm": "triton", "tpu": "mosaic"}.get(platform)
 
 
+def unavailable(backend: str | None = None) -> str | None:
+    """Why the compiled kernels cannot run on the target's chip, in words (None: they can): Mosaic
+    has strided rotations, the relative shift of ``skew``, from TPU v5 on."""
+    generation = ops_backend.tpu_generation()
+    if (backend or backend_of()) == "mosaic" and generation is not None and generation < 5:
+        return f"Mosaic on TPU v{generation} has no strided rotation (the kernels need v5 or later)"
+    return None
+
+
 def supports(head_dim: int, block: int) -> bool:
     """Whether the kernels take these sizes: powers of two of at least 16 (Triton's products)."""
     power = lambda x: x >= 16 and x & (x - 1) == 0  # noqa: E731
@@ -86,6 +95,8 @@ def attend(
         raise ValueError(
             f"kernel attention: block={block} on a TPU must be a multiple of 128 lanes"
         )
+    if not interpret and (why := unavailable(backend)):
+        raise ValueError(f"kernel attention: {why}; use the tiled attention")
     if (a is None) != (logit_rows is None):
         raise ValueError("kernel attention: a and logit_rows come together")
     if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):

@@ -101,6 +101,6 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed):
         outputs.append(launch.scratch(spec, (batch, heads, spec.q_blocks)))
     out = launch.pallas(
         spec, functools.partial(kernel, spec), (batch, heads, spec.q_blocks), inputs, specs,
-        outputs,
+        outputs, parallel=True,
     )  # fmt: skip
     return out[0], out[1]

@@ -39,12 +39,16 @@ def scratch(spec: Spec, grid: tuple[int, ...]):
     return jax.ShapeDtypeStruct(shape, F32), block
 
 
-def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None):
-    """Run ``kernel`` over ``grid``; ``outputs`` are (shape, block spec) pairs."""
+def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None, parallel=False):
+    """Run ``kernel`` over ``grid``; ``outputs`` are (shape, block spec) pairs. ``parallel``: the
+    programs are independent (the forward), which lets Mosaic split the grid over a chip's two
+    TensorCores (v4, v5p); else every axis runs in order (the backward, whose per-distance
+    gradients accumulate across the grid)."""
     if spec.backend == "triton":
         params = pltriton.CompilerParams(num_warps=4, num_stages=2)
-    else:  # the per-distance gradients accumulate across the grid: every axis in order
-        params = pltpu.CompilerParams(dimension_semantics=("arbitrary",) * len(grid))
+    else:
+        order = "parallel" if parallel else "arbitrary"
+        params = pltpu.CompilerParams(dimension_semantics=(order,) * len(grid))
     return pl.pallas_call(
         kernel,
         grid=grid,
