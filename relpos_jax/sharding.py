@@ -171,12 +171,20 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
 
 
 def check_batch(batch_size: int, mesh: jax.sharding.Mesh, process_count: int) -> None:
+    """The batch's rows must split evenly over the batch axes (no row padded: the optimisation is
+    the config's); else one line with the batch sizes that would, and the mesh that keeps it."""
     rows = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch_size % rows:
+        below, above = batch_size // rows * rows, (batch_size // rows + 1) * rows
+        sizes = f"{below} or {above}" if below else f"{above}"
+        per_rest = mesh.size // mesh.shape[CONTEXT]  # devices for data·fsdp·tensor
+        keeps = max(d for d in range(1, rows + 1) if batch_size % d == 0 and per_rest % d == 0)
         fail(
             "data.batch_size",
             batch_size,
-            f"it must be a multiple of data·fsdp = {rows} mesh devices",
+            f"it must be a multiple of data·fsdp = {rows} mesh devices: use {sizes}, or keep "
+            f"{batch_size} with --config.mesh.data={keeps} --config.mesh.fsdp=1 "
+            f"--config.mesh.tensor={per_rest // keeps} (the heads split over tensor)",
         )
     if batch_size % process_count:
         fail(

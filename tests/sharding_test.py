@@ -66,6 +66,20 @@ def test_batch_that_does_not_divide_the_data_axes():
         sharding.check_batch(6, mesh, 4)
 
 
+def test_a_batch_the_slice_does_not_divide_names_the_batches_and_the_mesh_that_would():
+    """The paper's enwik8 batch of 22 on 4 chips: 20 or 24 rows, or 22 over data 2 × tensor 2."""
+    on_four = jax.sharding.AbstractMesh((4, 1, 1, 1), sharding.AXES)
+    with pytest.raises(ConfigError) as error:
+        sharding.check_batch(22, on_four, 1)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "use 20 or 24, or keep 22 with --config.mesh.data=2 --config.mesh.fsdp=1 " in message
+    assert "--config.mesh.tensor=2" in message
+    sharding.check_batch(22, jax.sharding.AbstractMesh((2, 1, 1, 2), sharding.AXES), 1)
+    with pytest.raises(ConfigError, match=r"use 8, or keep 3 with --config\.mesh\.data=1 "):
+        sharding.check_batch(3, jax.sharding.AbstractMesh((8, 1, 1, 1), sharding.AXES), 1)
+
+
 @pytest.mark.parametrize("position", POSITIONS)
 def test_every_large_parameter_has_logical_axes(position):
     """Only norms, biases and RNG counters may fall back to replication."""
