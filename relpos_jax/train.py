@@ -9,6 +9,7 @@ resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
 from __future__ import annotations
 
 import contextlib
+import functools
 import pathlib
 import signal
 import sys
@@ -23,7 +24,7 @@ from jax.experimental import multihost_utils  # no stable replacement yet
 from tqdm import tqdm
 
 from relpos_jax import data as data_lib
-from relpos_jax import sharding
+from relpos_jax import sharding, train_step
 from relpos_jax.checkpoint import Checkpointer, sections
 from relpos_jax.config import Config
 from relpos_jax.errors import accelerator_error
@@ -31,7 +32,7 @@ from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import init_mems
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
-from relpos_jax.train_step import jitted_train_step, make_optimizer
+from relpos_jax.train_step import jitted_train_step
 
 
 def _scalar(x: jax.Array) -> float:
@@ -133,18 +134,12 @@ class Trainer:
         self.stopped_by: str | None = None
         self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
 
-    def _build(self) -> tuple[TransformerLM, nnx.Optimizer]:
-        cfg = self.config
-        model = TransformerLM(
-            cfg.model, rngs=nnx.Rngs(params=cfg.train.seed, dropout=cfg.train.seed + 1)
-        )
-        return model, nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
-
     def _sharded_state(self):
         """Abstract shapes first, then a jitted init whose outputs are born sharded."""
-        graphdef, abstract = nnx.split(nnx.eval_shape(self._build))
+        build = functools.partial(train_step.build, self.config)
+        graphdef, abstract = nnx.split(nnx.eval_shape(build))
         self.state_sharding = sharding.state_shardings(abstract, self.mesh)
-        state = jax.jit(lambda: nnx.split(self._build())[1], out_shardings=self.state_sharding)()
+        state = jax.jit(lambda: nnx.split(build())[1], out_shardings=self.state_sharding)()
         return graphdef, state
 
     def _restore(self) -> int | None:

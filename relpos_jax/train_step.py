@@ -18,8 +18,9 @@ import optax
 from flax import nnx
 
 from relpos_jax import sharding
-from relpos_jax.config import TrainConfig
+from relpos_jax.config import Config, TrainConfig
 from relpos_jax.memory import Memory
+from relpos_jax.model import TransformerLM
 
 
 @functools.cache  # one transformation a config: equal configs give equal graphs (``jitted_train_step``)
@@ -41,6 +42,14 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     # state, and is counted (total_notfinite); the loop then stops the run or, with
     # train.skip_nonfinite, goes on (and stops after max_consecutive_skips in a row).
     return optax.apply_if_finite(update, max_consecutive_errors=cfg.max_consecutive_skips)
+
+
+def build(cfg: Config) -> tuple[TransformerLM, nnx.Optimizer]:
+    """A new model (initialised from ``train.seed``) and its optimizer."""
+    model = TransformerLM(
+        cfg.model, rngs=nnx.Rngs(params=cfg.train.seed, dropout=cfg.train.seed + 1)
+    )
+    return model, nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
 
 
 def segment_loss(model, inputs, targets, mems):
