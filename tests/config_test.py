@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
 import pytest
 from flax import nnx
 
 from relpos_jax import ConfigError, ModelConfig, TransformerLM, load_config
-from relpos_jax.config import POSITIONS
+from relpos_jax.config import POSITIONS, Config
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
 CONFIGS = [c for c in CONFIGS if c.name != "__init__.py"]
@@ -77,3 +78,14 @@ def test_a_model_with_rope_scaling_runs_under_jit():
     stream = ArrayStream(np.arange(100) % 256)
     result = evaluate(model, stream, batch_size=2, segment_len=8, mem_len=0)
     assert result["tokens"] == 99 and np.isfinite(result["bpc"])
+
+
+@pytest.mark.parametrize(
+    ("name", "millions"), [("txl_base_enwik8", 41.1), ("txl_large_enwik8", 277.3)]
+)
+def test_enwik8_configs_build_the_papers_models(name, millions):
+    """The paper's Table 2: 41M parameters for the 12-layer model, 277M for the 24-layer one."""
+    cfg = Config.from_any(load_config(CONFIGS[0].parent / f"{name}.py"))
+    model = nnx.eval_shape(lambda: TransformerLM(cfg.model, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert count / 1e6 == pytest.approx(millions, abs=0.05)
