@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-bench test-peers test-convert lint demo bench notebooks clean gpu-wheels
+.PHONY: run test test-bench test-peers test-convert test-tpu lint demo bench notebooks clean gpu-wheels
 
 # Command 1: set up and run the main job.
 run: $(STAMP)
@@ -42,6 +42,20 @@ $(CONVERT_STAMP): pyproject.toml constraints.txt
 	$(CONVERT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,convert]"
 	rm -f $(CONVERT_VENV)/.installed-* && touch $@
 
+# The deviceless TPU compiles (tests/tpu_compile_test.py: every scheme's Mosaic kernels, slices of
+# several hosts, bench.aot), which `make test` (and CI) skip: they need libtpu (the tpu extra), installed
+# into a venv of its own so that .venv stays a CPU one. XLA_FLAGS empty: the TPU compiler at its defaults.
+TPU_VENV ?= .venv-tpu
+TPU_STAMP := $(TPU_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+test-tpu: $(TPU_STAMP)
+	JAX_PLATFORMS=cpu XLA_FLAGS= $(TPU_VENV)/bin/python -m pytest -n 2 -ra tests/tpu_compile_test.py
+
+$(TPU_STAMP): pyproject.toml constraints.txt
+	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,tpu]"
+	rm -f $(TPU_VENV)/.installed-* && touch $@
+
 # Runs every notebook top to bottom and keeps its outputs in the .ipynb (the committed ones come from
 # here): with the sweeps' checkpoints in runs/ where present (python -m bench.ablation, bench.extrapolation),
 # else small models trained on the spot. Needs the notebooks extra (a kernel and nbclient).
@@ -69,4 +83,4 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
 clean:
-	rm -rf $(VENV) $(CONVERT_VENV) .pytest_cache
+	rm -rf $(VENV) $(CONVERT_VENV) $(TPU_VENV) .pytest_cache
