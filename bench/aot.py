@@ -5,7 +5,8 @@
 
 The TPU compiler (libtpu: ``pip install -e '.[tpu]'``, or ``make test-tpu``'s ``.venv-tpu``) compiles
 both steps for the slice's chips without them (``relpos_jax.aot``) and prints, per chip, the memory
-(arguments, temporaries, code) against the chip's HBM, the FLOPs of a step and the compile time. A
+(arguments, temporaries, code) against the chip's HBM and the compile time, and the model's FLOPs a
+training step (``bench.mfu.step_flops``: the compiler counts a loop's body, the scanned layers, once). A
 step that does not fit ends the run in one line (exit code 2) that names the fields that make it fit,
 found by compiling with them; a config the slice cannot take (batch, mesh) fails in one line too.
 Topologies are ``generation:chips`` as ``jax.experimental.topologies`` names them: ``v5e:2x2`` (4
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench_args.add_overrides(parser, "as train.py would take it")
     options = parser.parse_args(argv)
 
+    from bench.mfu import step_flops
     from relpos_jax import aot, sharding
     from relpos_jax.cli import USER_ERRORS, exit_with
     from relpos_jax.config import Config, load_config
@@ -80,12 +82,18 @@ def main(argv: list[str] | None = None) -> dict:
         devices = aot.topology(options.topology)
         mesh_shape = sharding.mesh_shape(Config.from_any(config).mesh, len(devices))
         print(describe(options.topology, devices, mesh_shape), flush=True)
+        flops = step_flops(Config.from_any(config))
+        print(
+            f"model: {flops / 1e12:.3g} TFLOP a training step, {flops / len(devices) / 1e12:.3g} "
+            "a chip", flush=True,
+        )  # fmt: skip
         hbm = aot.hbm_bytes(devices)
         compilers = {"train": aot.train_step, "eval": aot.eval_step}
         result = {
             "config": options.config, "overrides": options.set, "topology": options.topology,
             "chips": len(devices), "device_kind": devices[0].device_kind, "hbm_bytes": hbm,
-            "mesh": dict(zip(sharding.AXES, mesh_shape, strict=True)), "steps": {},
+            "mesh": dict(zip(sharding.AXES, mesh_shape, strict=True)), "model_flops": flops,
+            "steps": {},
         }  # fmt: skip
         for step in options.steps:
             try:

@@ -44,6 +44,7 @@ COMMON = ["model.dtype=bfloat16", "model.attention_impl=auto"]
 
 
 def measure(label: str, config_name: str, topology: str, overrides: list[str]) -> dict:
+    from bench.mfu import step_flops
     from relpos_jax import aot
     from relpos_jax.config import ConfigError, load_config
     from relpos_jax.errors import AcceleratorError
@@ -53,8 +54,9 @@ def measure(label: str, config_name: str, topology: str, overrides: list[str]) -
     config = load_config(ROOT / "configs" / f"{config_name}.py", sets)
     devices = aot.topology(topology)
     row.update(
-        chips=len(devices), device_kind=devices[0].device_kind, hbm_bytes=aot.hbm_bytes(devices)
-    )
+        chips=len(devices), device_kind=devices[0].device_kind, hbm_bytes=aot.hbm_bytes(devices),
+        model_flops=step_flops(config),
+    )  # fmt: skip
     for step, compile_step in (("train", aot.train_step), ("eval", aot.eval_step)):
         try:
             program = compile_step(config, devices)
@@ -109,19 +111,21 @@ def render(results: dict) -> str:
         "Every row: bf16, `model.attention_impl=auto` (the Mosaic kernels where the scheme and head "
         "dim allow, else dense or tiled), the config's own batch, segment and memory; its mesh in "
         "the overrides. A cell: what a chip holds at the step's peak (arguments, outputs not "
-        "aliased, temporaries, code) · the compiler's FLOPs a chip a step · compile seconds. A "
+        "aliased, temporaries, code) · compile seconds. TFLOP: the model's a training step "
+        "(`bench.mfu.step_flops`: matrix products, backward twice the forward), and a chip's share. A "
         "training step that does not fit is compiled again with the first change that fits "
         "(`model.remat`, then the parameters over `mesh.fsdp`, then `train.grad_accum`; none "
         "changes the optimisation). HBM a chip: v5e 16 GiB, v5p 95 GiB. The same figures for one "
         "config: `python -m bench.aot --config <file> --topology <slice> --set …`.",
         "",
-        "| row | chips | overrides | train step | eval step |",
-        "|---|---:|---|---|---|",
+        "| row | chips | overrides | TFLOP a step (a chip) | train step | eval step |",
+        "|---|---:|---|---:|---|---|",
     ]
     for row in results["rows"]:
         sets = " ".join(f"`{s}`" for s in row["overrides"] if s not in COMMON)
         lines.append(
             f"| {row['label']} | {row['chips']} × {row['device_kind']} | {sets} | "
+            f"{row['model_flops'] / 1e12:.3g} ({row['model_flops'] / row['chips'] / 1e12:.3g}) | "
             f"{_cell(row['train'])} | {_cell(row['eval'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -22,19 +22,42 @@ PEAK_TFLOPS = {  # dense bf16 / fp32 (non-tensor-core) peaks from the vendors' d
 }
 
 
-def model_flops(size: dict, scheme: str = "txl") -> float:
+def model_flops(size: dict, scheme: str = "txl", output: float | None = None) -> float:
     """Training FLOPs per token: 3 × the forward matrix products (backward = 2 × forward).
 
     Per layer and segment token, forward: queries and output 2·2·D², keys and values over the whole
     window 2·2·D²·K/T (memory rows included), feed-forward 2·2·D·F, attention scores and values
-    2·2·K·D, and for Transformer-XL the position scores 2·K·D; plus the output layer 2·D·V.
+    2·2·K·D, and for Transformer-XL the position scores 2·K·D; plus the output layer, ``output``
+    forward FLOPs a token (default 2·D·V over the bytes).
     """
     d, f, t = size["d_model"], size["d_ff"], size["seg"]
     k = t + size["mem"]
     layer = 4 * d * d + 4 * d * d * k / t + 4 * d * f + 4 * k * d
     if scheme == "txl":
         layer += 2 * k * d
-    return 3 * (size["layers"] * layer + 2 * d * VOCAB)
+    return 3 * (size["layers"] * layer + (2 * d * VOCAB if output is None else output))
+
+
+def output_flops(model) -> float:
+    """Forward FLOPs a token of a config's output layer: 2·D·V, or with an adaptive softmax
+    (``relpos_jax.adaptive``, every cluster scored for every token) 2 × its projections and tables."""
+    d, bounds = model.d_model, (0, *model.cutoffs, model.vocab_size)
+    d_embed = model.d_embed or d
+    clusters = len(bounds) - 1
+    projected = model.div_val > 1 or d_embed != d
+    flops = 0.0
+    for i in range(clusters):
+        width = d_embed // model.div_val**i
+        rows = bounds[i + 1] - bounds[i] + (clusters - 1 if i == 0 else 0)
+        flops += 2 * width * rows + (2 * d * width if projected else 0)
+    return flops
+
+
+def step_flops(config) -> float:
+    """Training FLOPs of one optimizer step of a config (``model_flops`` × its tokens)."""
+    m, d = config.model, config.data
+    size = dict(layers=m.n_layers, d_model=m.d_model, d_ff=m.d_ff, seg=d.segment_len, mem=m.mem_len)
+    return model_flops(size, m.position, output_flops(m)) * d.batch_size * d.segment_len
 
 
 def mfu(spec: dict) -> dict:

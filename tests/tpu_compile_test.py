@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from bench.measure import VOCAB
-from bench.mfu import model_flops
+from bench.mfu import step_flops
 from relpos_jax import aot
 from relpos_jax.config import ConfigError, load_config
 from tests.helpers import ROOT
@@ -88,7 +87,7 @@ def test_tpu_v4_takes_the_tiled_attention_and_refuses_the_kernels_in_one_line(ca
 
 def test_a_slice_of_four_hosts_compiles_both_steps_with_the_flops_of_the_model():
     """txl_small (dense, one layer) on v5e 4×4: 16 chips over 4 hosts, data 4 × tensor 4. The
-    compiler's FLOPs, over the chips, are the model's matrix products (``bench.mfu.model_flops``)
+    compiler's FLOPs, over the chips, are the model's matrix products (``bench.mfu.step_flops``)
     within the softmax, norms, masks and Adam that it counts beside them: no chip repeats another's
     work. One layer, as the compiler counts the body of a loop (the scanned layers) once."""
     devices = aot.topology("v5e:4x4")
@@ -98,11 +97,7 @@ def test_a_slice_of_four_hosts_compiles_both_steps_with_the_flops_of_the_model()
         ["mesh.data=4", "mesh.tensor=4", "data.batch_size=16", "model.n_layers=1"],
     )
     train = aot.train_step(config, devices)
-    m, d = config.model, config.data
-    size = dict(layers=m.n_layers, d_model=m.d_model, d_ff=m.d_ff, seg=d.segment_len, mem=m.mem_len)
-    assert VOCAB == m.vocab_size
-    model = model_flops(size) * d.batch_size * d.segment_len
-    assert 1.0 < train.flops * len(devices) / model < 1.3
+    assert 1.0 < train.flops * len(devices) / step_flops(config) < 1.3
     evaluation = aot.eval_step(config, devices)
     assert 0 < evaluation.flops < train.flops and evaluation.chip_bytes > 0
 
