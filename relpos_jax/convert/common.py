@@ -65,7 +65,8 @@ class Tensors:
         return name in self.shapes
 
     def get(self, name: str, shape: tuple[int, ...], fields: str) -> np.ndarray:
-        """Tensor ``name`` as float32, which must have ``shape`` (what ``fields`` give)."""
+        """Tensor ``name`` as float32, which must have ``shape`` (what ``fields`` give) and hold
+        finite floating-point values."""
         shape = tuple(int(n) for n in shape)
         if name not in self.shapes:
             raise ConvertError(
@@ -76,11 +77,28 @@ class Tensors:
             raise ConvertError(
                 f"{name} has shape {stored} in {self.where}, but {fields} gives {shape}; {self.fix}"
             )
+        stored_array = np.asarray(self.read(name))
+        if not np.issubdtype(stored_array.dtype, np.floating):
+            raise ConvertError(
+                f"{name} in {self.where} holds {stored_array.dtype} values, not floating point "
+                f"weights; {self.fix}"
+            )
+        array = stored_array.astype(np.float32).reshape(shape)
+        if not np.isfinite(array).all():
+            raise ConvertError(
+                f"{name} in {self.where} holds NaN or infinite values (in float32); {self.fix}"
+            )
         self.used.add(name)
-        return np.asarray(self.read(name), dtype=np.float32).reshape(shape)
+        return array
 
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(n for n in self.shapes if n not in self.used and not ignore(n))
+
+
+def listed(names: list[str]) -> str:
+    """``'a'``, or ``'a' (and 2 more)``: the first of some names, for a one-line error."""
+    more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+    return f"{names[0]!r}{more}"
 
 
 def fields(model: ModelConfig, *names: str) -> str:

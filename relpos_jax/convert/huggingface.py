@@ -68,6 +68,8 @@ def read_config(folder: pathlib.Path) -> dict[str, Any]:
         hf = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConvertError(f"{path} is not JSON ({error}); {FIX}") from None
+    if not isinstance(hf, dict):
+        raise ConvertError(f"{path} holds {type(hf).__name__}, not an object of fields; {FIX}")
     if hf.get("model_type", "transfo-xl") != "transfo-xl":
         raise ConvertError(
             f"{path} has model_type={hf['model_type']!r}; pass a transfo-xl model folder"
@@ -79,51 +81,50 @@ def model_fields(hf: dict[str, Any]) -> dict[str, Any]:
     """relpos_jax ``model.*`` fields from a transfo-xl ``config.json``; refuses what relpos_jax
     does not compute the same way."""
     where = "config.json"
+    attn_type = _json(hf, "attn_type", int, 0)
+    sample_softmax = _json(hf, "sample_softmax", int, -1)
+    pre_lnorm = _json(hf, "pre_lnorm", bool, False)
+    epsilon = _json(hf, "layer_norm_epsilon", float, 1e-5)
     refuse = {
-        "attn_type": (hf.get("attn_type", 0) != 0, "only attention type 0 (relative) is released"),
-        "sample_softmax": (hf.get("sample_softmax", -1) > 0, "sampled softmax is not supported"),
-        "pre_lnorm": (hf.get("pre_lnorm", False), "relpos_jax's pre-norm model adds a final norm"),
-        "layer_norm_epsilon": (
-            abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12,
-            "relpos_jax's layer norms use 1e-5",
-        ),
+        "attn_type": (attn_type != 0, "only attention type 0 (relative) is released"),
+        "sample_softmax": (sample_softmax > 0, "sampled softmax is not supported"),
+        "pre_lnorm": (pre_lnorm, "relpos_jax's pre-norm model adds a final norm"),
+        "layer_norm_epsilon": (abs(epsilon - 1e-5) > 1e-12, "relpos_jax's layer norms use 1e-5"),
     }
     for key, (bad, why) in refuse.items():
         if bad:
             raise ConvertError(f"{where} has {key}={hf[key]!r}, which cannot be converted: {why}")
-    try:
-        vocab = hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]
-        cutoffs = tuple(int(c) for c in hf.get("cutoffs", ()))
-        tie_projs = hf.get("tie_projs")
-        if tie_projs is None:  # older files: the flag that configuration_transfo_xl expands
-            tie_projs = [False] + [bool(hf.get("proj_share_all_but_first", True))] * len(cutoffs)
-        clamp = int(hf.get("clamp_len", -1))
-        fields = dict(
-            position="txl",
-            vocab_size=int(vocab),
-            n_layers=int(hf["n_layer"]),
-            d_model=int(hf["d_model"]),
-            n_heads=int(hf["n_head"]),
-            d_head=int(hf["d_head"]),
-            d_ff=int(hf["d_inner"]),
-            dropout=0.0,
-            dropatt=0.0,
-            mem_len=int(hf.get("mem_len", 0)),
-            same_length=bool(hf.get("same_length", False)),
-            clamp_len=clamp if clamp > 0 else None,
-            untie_r=bool(hf.get("untie_r", True)),
-            pre_norm=False,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", hf.get("tie_weight", True))),
-            cutoffs=cutoffs,
-        )
-    except KeyError as error:
-        raise ConvertError(f"{where} has no {error.args[0]!r}; {FIX}") from None
-    d_embed = int(hf.get("d_embed", fields["d_model"]))
+    vocab_key = "vocab_size" if "vocab_size" in hf or "n_token" not in hf else "n_token"
+    cutoffs = tuple(_json(hf, "cutoffs", [int], []))
+    tie_projs = _json(hf, "tie_projs", [bool], None)
+    if tie_projs is None:  # older files: the flag that configuration_transfo_xl expands
+        share = _json(hf, "proj_share_all_but_first", bool, True)
+        tie_projs = [False] + [share] * len(cutoffs)
+    clamp = _json(hf, "clamp_len", int, -1)
+    tie_weight = _json(hf, "tie_weight", bool, True)
+    fields = dict(
+        position="txl",
+        vocab_size=_json(hf, vocab_key, int),
+        n_layers=_json(hf, "n_layer", int),
+        d_model=_json(hf, "d_model", int),
+        n_heads=_json(hf, "n_head", int),
+        d_head=_json(hf, "d_head", int),
+        d_ff=_json(hf, "d_inner", int),
+        dropout=0.0,
+        dropatt=0.0,
+        mem_len=_json(hf, "mem_len", int, 0),
+        same_length=_json(hf, "same_length", bool, False),
+        clamp_len=clamp if clamp > 0 else None,
+        untie_r=_json(hf, "untie_r", bool, True),
+        pre_norm=False,
+        tie_embeddings=_json(hf, "tie_word_embeddings", bool, tie_weight),
+        cutoffs=cutoffs,
+    )
+    d_embed = _json(hf, "d_embed", int, fields["d_model"])
+    div_val = _json(hf, "div_val", int, 1)
     if cutoffs:
-        fields.update(
-            div_val=int(hf.get("div_val", 1)), d_embed=d_embed, tie_projs=tuple(tie_projs)
-        )
-    elif d_embed != fields["d_model"] or int(hf.get("div_val", 1)) != 1:
+        fields.update(div_val=div_val, d_embed=d_embed, tie_projs=tuple(tie_projs))
+    elif d_embed != fields["d_model"] or div_val != 1:
         raise ConvertError(
             f"{where} has no cutoffs but d_embed={d_embed} (or div_val) unlike d_model: "
             "relpos_jax projects embeddings only with cutoffs"
@@ -131,6 +132,37 @@ def model_fields(hf: dict[str, Any]) -> dict[str, Any]:
     else:  # one plain softmax (with its bias): none of a base config's cluster settings apply
         fields.update(div_val=1, d_embed=None, tie_projs=(), output_bias=fields["tie_embeddings"])
     return fields
+
+
+_REQUIRED = object()
+_KINDS = {int: "an integer", bool: "true or false", float: "a number"}
+_PLURAL = {int: "integers", bool: "booleans (true or false)"}
+
+
+def _json(hf: dict[str, Any], key: str, kind: Any, default: Any = _REQUIRED) -> Any:
+    """``hf[key]``, which must be of JSON type ``kind`` (int, bool, float; ``[int]``: a list of
+    them), or ``default`` when absent (no default: required). Nothing is coerced: 2.5 is not an
+    integer and "yes" is not true."""
+    if key not in hf:
+        if default is _REQUIRED:
+            raise ConvertError(f"config.json has no {key!r}; {FIX}")
+        return default
+    value = hf[key]
+
+    def fits(x: Any, kind: Any) -> bool:
+        if kind is bool:
+            return isinstance(x, bool)
+        number = isinstance(x, int | float) if kind is float else isinstance(x, int)
+        return number and not isinstance(x, bool)
+
+    if isinstance(kind, list):
+        ok = isinstance(value, list) and all(fits(x, kind[0]) for x in value)
+        what = f"a list of {_PLURAL[kind[0]]}"
+    else:
+        ok, what = fits(value, kind), _KINDS[kind]
+    if not ok:
+        raise ConvertError(f"config.json has {key}={value!r}, which is not {what}; {FIX}")
+    return value
 
 
 def read_tensors(folder: pathlib.Path) -> Tensors:
@@ -146,7 +178,12 @@ def read_tensors(folder: pathlib.Path) -> Tensors:
         )
     if path.suffix == ".safetensors":
         safetensors = common.need("safetensors.numpy", f"reading {path}")
-        arrays = safetensors.load_file(str(path))
+        try:
+            arrays = safetensors.load_file(str(path))
+        except Exception as error:  # truncated, garbled, a dtype numpy lacks
+            raise ConvertError(
+                f"{path} cannot be read as safetensors ({_first_line(error)}); {FIX}"
+            ) from None
     else:
         torch = common.need("torch", f"reading {path}")
         try:
@@ -292,8 +329,7 @@ def convert_params(model: dict[str, Any], src: Tensors) -> dict[str, np.ndarray]
     unused = src.unused(lambda name: name == "transformer.pos_emb.inv_freq")
     if unused:
         raise ConvertError(
-            f"{src.where} holds {unused[0]!r} (and {len(unused) - 1} more) that config.json "
-            f"does not use; {FIX}"
+            f"{src.where} holds {common.listed(unused)} that config.json does not use; {FIX}"
         )
     return out
 

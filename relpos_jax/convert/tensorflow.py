@@ -130,7 +130,7 @@ def convert_params(cfg: Config, src: Tensors) -> dict[str, np.ndarray]:
     unused = src.unused(_ignored)
     if unused:
         raise ConvertError(
-            f"{src.where} holds {unused[0]!r} (and {len(unused) - 1} more) that the config does not "
+            f"{src.where} holds {common.listed(unused)} that the config does not "
             f"use ({fields(m, 'n_layers', 'cutoffs', 'tie_projs')}); {FIX}"
         )
     return out
