@@ -115,7 +115,10 @@ def render(results: dict) -> str:
         "(`bench.mfu.step_flops`: matrix products, backward twice the forward), and a chip's share. A "
         "training step that does not fit is compiled again with the first change that fits "
         "(`model.remat`, then the parameters over `mesh.fsdp`, then `train.grad_accum`; none "
-        "changes the optimisation). HBM a chip: v5e 16 GiB, v5p 95 GiB. The same figures for one "
+        "changes the optimisation). An evaluation batch that the data devices do not divide is "
+        "replicated on every chip, as `eval.py` places it (large enwik8 on v5p-64: 16 rows, 32 "
+        "chips). A slice is named as Google Cloud sells it: v5p-N counts TensorCores, two a chip. "
+        "HBM a chip: v5e 16 GiB, v5p 95 GiB. The same figures for one "
         "config: `python -m bench.aot --config <file> --topology <slice> --set …`.",
         "",
         "| row | chips | overrides | TFLOP a step (a chip) | train step | eval step |",

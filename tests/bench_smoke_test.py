@@ -194,6 +194,19 @@ def test_the_committed_tiled_attention_table_is_rendered_from_its_json():
     assert rendered == (ROOT / "docs/results/tiled_attention.md").read_text()
 
 
+def test_the_committed_tpu_table_is_rendered_from_its_json():
+    """docs/results/aot.md: every row's steps compiled, each training step fitting its chip as
+    configured or with the change named beside it."""
+    from bench import aot_table
+
+    results = json.loads((ROOT / "docs/results/aot.json").read_text())
+    assert [row["label"] for row in results["rows"]] == [row[0] for row in aot_table.ROWS]
+    for row in results["rows"]:
+        assert row["train"]["fits"] or "fits_with" in row["train"], row["label"]
+        assert row["eval"]["fits"], row["label"]
+    assert aot_table.render(results) == (ROOT / "docs/results/aot.md").read_text()
+
+
 def test_the_committed_context_parallel_table_is_rendered_from_its_json():
     from bench import context_parallel
 
