@@ -31,12 +31,19 @@ def accelerator_error(error: BaseException, config: Any) -> AcceleratorError | N
     lower = text.lower()
     model, data, train = config.model, config.data, config.train
     where = f"on {_device()}"
-    if "shared memory size limit" in lower or ("vmem" in lower and "exceed" in lower):
-        memory = "shared memory" if "shared memory" in lower else "VMEM"
+    if "shared memory size limit" in lower:
         return AcceleratorError(
             f"model.kernel_block={model.kernel_block} is invalid {where}: the attention kernels' "
-            f"blocks need more {memory} than it has; set --config.model.kernel_block=32 (or 16), "
-            "or --config.model.attention_impl=tiled",
+            "blocks need more shared memory than it has; set --config.model.kernel_block=32 (or "
+            "16), or --config.model.attention_impl=tiled",
+            text,
+        )
+    if "vmem" in lower and "exceed" in lower:  # a TPU kernel holds the layer's whole window
+        window = f"data.segment_len={data.segment_len} + model.mem_len={model.mem_len}"
+        return AcceleratorError(
+            f"model.attention_impl={model.attention_impl!r} is invalid {where}: the attention "
+            f"kernels hold the layer's whole window ({window}) in VMEM, more than it has; use "
+            "--config.model.attention_impl=tiled, or a shorter segment or memory",
             text,
         )
     if "resource_exhausted" in lower or "out of memory" in lower:

@@ -17,7 +17,10 @@ H200_SHARED_MEMORY = (
     "RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 254208, available: 232448"
 )
 OUT_OF_MEMORY = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12884901888 bytes."
-VMEM = "INTERNAL: Mosaic failed to compile TPU kernel: scoped VMEM limit exceeded (requested 40M)"
+VMEM = (  # libtpu compiling the txl kernels for a v5p chip, window 8,192 + 8,192, head dim 64
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. "
+    "Used 70.32M of 63.94M vmem. Exceeded vmem capacity by 6.38M."
+)
 MOSAIC = "INTERNAL: Mosaic failed to compile TPU kernel: the max shift in a vreg 889 is larger"
 
 
@@ -32,7 +35,7 @@ def _config(tiny, **model):
     "message, field, fix",
     [
         (H200_SHARED_MEMORY, "model.kernel_block=0", "--config.model.kernel_block=32"),
-        (VMEM, "model.kernel_block=0", "VMEM"),
+        (VMEM, "model.attention_impl='kernel'", "in VMEM, more than it has; use --config.model"),
         (OUT_OF_MEMORY, "data.batch_size=4", "--config.model.remat=true"),
         (MOSAIC, "model.attention_impl='kernel'", "--config.model.attention_impl=tiled"),
     ],

@@ -58,6 +58,25 @@ def test_the_target_overrides_the_host_and_ends_with_its_block():
     assert backend.platform() == host
 
 
+@pytest.mark.parametrize(
+    "kind, generation, vmem_mib",
+    [("TPU v4", 4, 16), ("TPU v5 lite", 5, 128), ("TPU v5", 5, 64), ("TPU v6 lite", 6, 128),
+     ("TPU7x", 7, 64), ("a TPU of the future", None, None)],
+)  # fmt: skip
+def test_the_target_tpu_gives_its_generation_and_the_kernels_vmem(kind, generation, vmem_mib):
+    """What the Mosaic kernels read: the strided rotation from v5 on, three quarters of a
+    TensorCore's VMEM (JAX's ``pallas.tpu`` figures) as their limit; the compiler's default where
+    the chip is unknown, and none off a TPU."""
+    from relpos_jax.attention.kernel import launch
+
+    with backend.target("tpu", kind):
+        assert backend.tpu_generation() == generation
+        assert backend.tpu_vmem_bytes() == (vmem_mib and vmem_mib << 20)
+        assert launch.vmem_limit() == (vmem_mib and (vmem_mib << 20) * 3 // 4)
+    with backend.target("gpu", "NVIDIA H200"):
+        assert backend.tpu_vmem_bytes() is None and backend.tpu_generation() is None
+
+
 def test_accelerator_dropout_is_jax_bernoulli():
     x = jnp.ones((64, 256))
     key = jax.random.key(3)

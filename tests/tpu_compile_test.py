@@ -16,6 +16,7 @@ import pytest
 from bench.mfu import step_flops
 from relpos_jax import aot
 from relpos_jax.config import ConfigError, load_config
+from relpos_jax.errors import AcceleratorError
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -138,4 +139,30 @@ def test_bench_aot_names_the_batch_and_mesh_for_the_papers_batch_on_four_chips()
         "error: data.batch_size=22 is invalid; it must be a multiple of data·fsdp = 4 mesh "
         "devices: use 20 or 24, or keep 22 with --config.mesh.data=2 --config.mesh.fsdp=1 "
         "--config.mesh.tensor=2 (the heads split over tensor)"
+    )
+
+
+def _window(*overrides: str):
+    """One layer of two heads of 64, segment 8,192 + memory 8,192 (the kernels hold the window)."""
+    return _small(
+        "model.d_model=128", "data.segment_len=8192", "model.mem_len=8192",
+        "model.attention_impl=kernel", "model.dtype=bfloat16", *overrides,
+    )  # fmt: skip
+
+
+def test_a_long_window_takes_the_vmem_of_the_chip():
+    """16k keys: past the compiler's default scoped VMEM (v5e, as measured here), within the three
+    quarters of its 128 MiB the kernels ask for (``launch.vmem_limit``)."""
+    program = aot.train_step(_window(), aot.topology("v5e:2x2"))
+    assert 0 < program.chip_bytes < aot.hbm_bytes(aot.topology("v5e:2x2"))
+
+
+def test_a_window_beyond_the_vmem_of_the_chip_is_one_line():
+    """v5p has 64 MiB a TensorCore: the same window is refused, naming the fix."""
+    with pytest.raises(AcceleratorError) as error:
+        aot.train_step(_window(), aot.topology("v5p:2x2x1"))
+    assert str(error.value) == (
+        "model.attention_impl='kernel' is invalid on TPU v5: the attention kernels hold the "
+        "layer's whole window (data.segment_len=8192 + model.mem_len=8192) in VMEM, more than it "
+        "has; use --config.model.attention_impl=tiled, or a shorter segment or memory"
     )

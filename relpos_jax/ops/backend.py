@@ -7,8 +7,9 @@ and values ``[B, N, H, K]`` (``Scheme.kv_layout``), draws dropout from a hash th
 
 ``platform()`` is the default backend's, unless ``target(...)`` names another: a program traced on a
 CPU host for a GPU or TPU (``jax.export``, an ahead-of-time compile) is then the accelerator's.
-``device_kind()`` and ``tpu_generation()`` tell which chip (``"TPU v5 lite"``: 5), for what differs
-between generations (Mosaic's strided rotation, from v5 on).
+``device_kind()``, ``tpu_generation()`` and ``tpu_vmem_bytes()`` tell which chip (``"TPU v5 lite"``:
+5, 128 MiB of VMEM), for what differs between generations (Mosaic's strided rotation, from v5 on;
+how much VMEM the kernels may take).
 """
 
 from __future__ import annotations
@@ -55,6 +56,22 @@ def tpu_generation() -> int | None:
         return None
     found = re.search(r"TPU\s*v?(\d+)", device_kind() or "")
     return int(found.group(1)) if found else None
+
+
+# VMEM a TensorCore, MiB, by TPU (jax.experimental.pallas.tpu.get_tpu_info_for_chip, jax 0.10.2)
+_TPU_VMEM_MIB = (("v5 lite", 128), ("v5e", 128), ("v6 lite", 128), ("v6e", 128), ("v5", 64),
+                 ("v4", 16), ("7", 64))  # fmt: skip
+
+
+def tpu_vmem_bytes() -> int | None:
+    """VMEM of one TensorCore of the target TPU; None off a TPU or when the kind is unknown."""
+    if platform() != "tpu":
+        return None
+    kind = (device_kind() or "").lower()
+    for name, mib in _TPU_VMEM_MIB:
+        if name in kind:
+            return mib << 20
+    return None
 
 
 @contextlib.contextmanager

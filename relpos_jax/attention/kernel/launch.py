@@ -9,6 +9,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from relpos_jax.attention.kernel.common import F32, Spec
+from relpos_jax.ops import backend
 
 
 def whole(shape) -> pl.BlockSpec:
@@ -39,6 +40,14 @@ def scratch(spec: Spec, grid: tuple[int, ...]):
     return jax.ShapeDtypeStruct(shape, F32), block
 
 
+def vmem_limit() -> int | None:
+    """The VMEM a Mosaic kernel may take: three quarters of the TensorCore's (the rest for Mosaic's
+    own scratch), in place of the compiler's default scoped limit (16 or 32 MiB), which bounds the
+    window the kernels hold; None (that default) where the chip is unknown."""
+    capacity = backend.tpu_vmem_bytes()
+    return None if capacity is None else capacity * 3 // 4
+
+
 def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None, parallel=False):
     """Run ``kernel`` over ``grid``; ``outputs`` are (shape, block spec) pairs. ``parallel``: the
     programs are independent (the forward), which lets Mosaic split the grid over a chip's two
@@ -48,7 +57,9 @@ def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None, pa
         params = pltriton.CompilerParams(num_warps=4, num_stages=2)
     else:
         order = "parallel" if parallel else "arbitrary"
-        params = pltpu.CompilerParams(dimension_semantics=(order,) * len(grid))
+        params = pltpu.CompilerParams(
+            dimension_semantics=(order,) * len(grid), vmem_limit_bytes=vmem_limit()
+        )
     return pl.pallas_call(
         kernel,
         grid=grid,
