@@ -33,7 +33,9 @@ import jax.numpy as jnp
 from relpos_jax import schemes, sharding
 from relpos_jax.attention import kernel
 from relpos_jax.attention.kernel import fire as fire_term
+from relpos_jax.attention.kernel import fit
 from relpos_jax.errors import fail
+from relpos_jax.ops import backend as ops_backend
 from relpos_jax.schemes import Tile
 
 DENSE_KEYS = 4096  # auto on a CPU: dense up to this window, tiled beyond
@@ -44,15 +46,15 @@ def _overrides(scheme: schemes.Scheme, hook: str) -> bool:
     return getattr(type(scheme), hook) is not getattr(schemes.Scheme, hook)
 
 
-def block(cfg: Any) -> int:
-    """Queries and keys per kernel block: ``model.kernel_block``, or the backend's default."""
-    backend = kernel.backend_of() or INTERPRET_BACKEND
-    return cfg.kernel_block or kernel.api.DEFAULT_BLOCK[backend]
+def block(cfg: Any) -> int | None:
+    """Queries and keys per kernel block: ``model.kernel_block``, or None for the kernels' default
+    (on a GPU the largest whose kernels fit its shared memory: ``kernel.fit``; on a TPU 128)."""
+    return cfg.kernel_block or None
 
 
 def fusable(cfg: Any) -> bool:
     """Whether the kernels can run this model's attention (scheme and sizes)."""
-    return schemes.get(cfg.position).fused and kernel.supports(cfg.head_dim, block(cfg))
+    return schemes.get(cfg.position).fused and kernel.supports(cfg.head_dim, block(cfg) or 16)
 
 
 def check(cfg: Any) -> None:
@@ -62,11 +64,11 @@ def check(cfg: Any) -> None:
         fail(
             "model.attention_impl", "kernel",
             f"the kernels take a head dim and model.kernel_block that are powers of two ≥ 16 (head "
-            f"dim {cfg.head_dim}, block {block(cfg)}); change model.n_heads or model.d_head, or use "
+            f"dim {cfg.head_dim}, block {block(cfg) or 'default'}); change model.n_heads or model.d_head, or use "
             "tiled",
         )  # fmt: skip
     if cfg.attention_impl in ("kernel", "auto") and kernel.backend_of() == "mosaic":
-        if block(cfg) % 128:
+        if (block(cfg) or 128) % 128:
             fail(
                 "model.kernel_block", cfg.kernel_block,
                 "a TPU's kernel blocks are multiples of 128 lanes; set 128, or 0 (the default)",
@@ -124,6 +126,23 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
     return out
 
 
+def _check_shared_memory(cfg: Any, terms: dict) -> None:
+    """Refuse, in one line, a ``model.kernel_block`` whose kernels need more shared memory than the
+    target GPU has a block (the default block always fits: ``kernel.fit.block``)."""
+    if kernel.backend_of() != "triton" or not cfg.kernel_block:
+        return
+    key = fit.terms_of("logit_rows" in terms, "value_rows" in terms, "bias_rows" in terms,
+                       "fire_rows" in terms)  # fmt: skip
+    size, capacity = terms["q"].dtype.itemsize, ops_backend.gpu_shared_memory()
+    if not fit.fits(key, cfg.kernel_block, cfg.head_dim, size, ops_backend.gpu_capability()):
+        fail(
+            "model.kernel_block", cfg.kernel_block,
+            f"its kernels need more shared memory than this GPU's {capacity:,} B a block (head dim "
+            f"{cfg.head_dim}, {terms['q'].dtype}); set {fit.block(key, cfg.head_dim, size) or 16}, "
+            "or 0 (the default: the largest that fits)",
+        )  # fmt: skip
+
+
 def seed(key: jax.Array) -> jax.Array:
     """The dropout hash's int32 seed from a layer's key."""
     return jax.lax.bitcast_convert_type(jax.random.bits(key, (), jnp.uint32), jnp.int32)
@@ -133,6 +152,7 @@ def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: floa
     """Attention output ``[B, T, N, H]`` of one layer through the kernels; under a mesh, each
     device runs them on its batch rows and heads (``_per_device``)."""
     terms = tables(attention, q, ctx, context)
+    _check_shared_memory(attention.config, terms)
     valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k_BKNH.shape[1], bool)
     backend = kernel.backend_of()
     options = dict(

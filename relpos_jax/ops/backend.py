@@ -7,9 +7,10 @@ and values ``[B, N, H, K]`` (``Scheme.kv_layout``), draws dropout from a hash th
 
 ``platform()`` is the default backend's, unless ``target(...)`` names another: a program traced on a
 CPU host for a GPU or TPU (``jax.export``, an ahead-of-time compile) is then the accelerator's.
-``device_kind()``, ``tpu_generation()`` and ``tpu_vmem_bytes()`` tell which chip (``"TPU v5 lite"``:
-5, 128 MiB of VMEM), for what differs between generations (Mosaic's strided rotation, from v5 on;
-how much VMEM the kernels may take).
+``device_kind()``, ``tpu_generation()``, ``tpu_vmem_bytes()`` and ``gpu_shared_memory()`` tell which
+chip (``"TPU v5 lite"``: 5, 128 MiB of VMEM; ``"NVIDIA H200"``: 227 KiB of shared memory a block),
+for what differs between generations (Mosaic's strided rotation, from v5 on; how much VMEM or shared
+memory the kernels may take).
 """
 
 from __future__ import annotations
@@ -72,6 +73,39 @@ def tpu_vmem_bytes() -> int | None:
         if name in kind:
             return mib << 20
     return None
+
+
+# compute capability of a GPU by its device kind, for a target named without a device (the one a
+# kind's name does not tell: 9.0, Hopper, what Pallas compiles for without a GPU)
+_GPU_CAPABILITY = (("h100", 90), ("h200", 90), ("h800", 90), ("gh200", 90), ("b200", 100),
+                   ("gb200", 100), ("b300", 100), ("a100", 80), ("a800", 80), ("a30", 80),
+                   ("rtx", 86), ("a10", 86), ("a40", 86), ("l4", 89), ("l40", 89))  # fmt: skip
+# shared memory a block may take (CUDA's opt-in maximum), bytes, by compute capability
+GPU_SHARED_MEMORY = {70: 98_304, 75: 65_536, 80: 166_912, 86: 101_376, 87: 166_912, 89: 101_376,
+                      90: 232_448, 100: 232_448, 103: 232_448, 120: 101_376}  # fmt: skip
+
+
+def gpu_capability() -> int | None:
+    """The target GPU's compute capability (``90`` for 9.0); None off a GPU. From the device where
+    one is there, else from the device kind a target names, else 90."""
+    if platform() != "gpu":
+        return None
+    device = jax.devices()[0]
+    if _TARGET.get() is None and device.platform == "gpu":
+        major, _, minor = str(getattr(device, "compute_capability", "9.0")).partition(".")
+        return int(major) * 10 + int(minor or 0)
+    kind = (device_kind() or "").lower()
+    return next((cc for name, cc in _GPU_CAPABILITY if name in kind), 90)
+
+
+def gpu_shared_memory(capability: int | None = None) -> int | None:
+    """Shared memory one block may take on a GPU of ``capability`` (default: the target's), bytes
+    (227 KiB on an H100 or H200, 163 KiB on an A100, 99 KiB on consumer parts); None off a GPU."""
+    capability = capability or gpu_capability()
+    if capability is None:
+        return None
+    known = [cc for cc in GPU_SHARED_MEMORY if cc <= capability]
+    return GPU_SHARED_MEMORY[max(known)] if known else min(GPU_SHARED_MEMORY.values())
 
 
 @contextlib.contextmanager

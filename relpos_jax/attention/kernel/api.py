@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from relpos_jax.attention.kernel import backward, forward
+from relpos_jax.attention.kernel import backward, fit, forward
 from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, SUBLANES, Spec
 from relpos_jax.attention.kernel.skew import BACKENDS
 from relpos_jax.ops import backend as ops_backend
@@ -49,6 +49,20 @@ def unavailable(backend: str | None = None) -> str | None:
     if (backend or backend_of()) == "mosaic" and generation is not None and generation < 5:
         return f"Mosaic on TPU v{generation} has no strided rotation (the kernels need v5 or later)"
     return None
+
+
+def default_block(backend: str, terms=(), head_dim: int = 64, dtype=jnp.float32,
+                  interpret: bool = False) -> int:  # fmt: skip
+    """The block a call takes by default: on a GPU the largest whose kernels fit its shared memory
+    (``kernel.fit``; at least 16), on a TPU 128 lanes."""
+    if backend != "triton" or interpret:
+        return DEFAULT_BLOCK[backend]
+    return fit.block(terms, head_dim, jnp.dtype(dtype).itemsize, _capability()) or 16
+
+
+def _capability() -> int:
+    """The target GPU's compute capability; 9.0 (what Pallas compiles for without a GPU) if none."""
+    return ops_backend.gpu_capability() or 90
 
 
 def supports(head_dim: int, block: int) -> bool:
@@ -86,7 +100,9 @@ def attend(
             f"kernel attention: no Pallas backend on {jax.default_backend()!r}; use a GPU or TPU, "
             "or interpret=True with backend='triton' or 'mosaic'"
         )
-    block = block or DEFAULT_BLOCK[backend]
+    terms = fit.terms_of(logit_rows is not None, value_rows is not None, bias_rows is not None,
+                         fire_rows is not None)  # fmt: skip
+    block = block or default_block(backend, terms, head_dim, q.dtype, interpret)
     if not supports(head_dim, block):
         raise ValueError(
             f"kernel attention: head_dim={head_dim} and block={block} must be powers of two ≥ 16"
@@ -94,6 +110,18 @@ def attend(
     if backend == "mosaic" and not interpret and block % 128:
         raise ValueError(
             f"kernel attention: block={block} on a TPU must be a multiple of 128 lanes"
+        )
+    if (
+        backend == "triton"
+        and not interpret
+        and not fit.fits(terms, block, head_dim, q.dtype.itemsize, _capability())
+    ):
+        raise ValueError(
+            f"kernel attention: block={block} at head dim {head_dim} in {q.dtype} needs more "
+            f"shared memory than this GPU's {ops_backend.gpu_shared_memory(_capability()):,} B a "
+            "block; set "
+            f"model.kernel_block={fit.block(terms, head_dim, q.dtype.itemsize) or 16} (or 0: the "
+            "largest that fits)"
         )
     if not interpret and (why := unavailable(backend)):
         raise ValueError(f"kernel attention: {why}; use the tiled attention")

@@ -5,7 +5,9 @@ evaluates it, and its gradient, element by element.
 
 A head's parameters arrive as one float32 row ``[1, 128]`` (``pack``): ``c, L``, the first query's
 position, ``b2``, then the hidden units' ``w1``, ``b1`` and ``w2``; the backward kernel returns
-the gradient of that row, and the packing's own vjp carries it to the scheme's parameters.
+the gradient of that row, and the packing's own vjp carries it to the scheme's parameters. The
+hidden units are a loop in the kernel (``fori_loop``), not a copy of the body per unit: unrolled,
+Triton took 3 minutes to compile each kernel and spilled 14–30 KB a thread.
 """
 
 from __future__ import annotations
@@ -56,15 +58,25 @@ def _inputs(spec: Spec, ref, delta, q_block):
     return u / r, (c, threshold, position, distance, reach, u, r)
 
 
+def _unit(spec: Spec, ref, h):
+    """Hidden unit ``h``'s ``(w1, b1, w2)``, each ``[1, 1]``: a traced ``h`` (the loop over units
+    is a loop in the kernel, not one copy of its body per unit) picks its lanes by a masked sum."""
+    n = hidden_units(spec)
+    row = ref[...]
+    lanes = jax.lax.broadcasted_iota(jnp.int32, row.shape, 1)
+    pick = lambda k: jnp.sum(jnp.where(lanes == HIDDEN_AT + k * n + h, row, 0.0), 1, keepdims=True)  # noqa: E731
+    return pick(0), pick(1), pick(2)
+
+
 def bias(spec: Spec, ref, delta, q_block) -> jax.Array:
     """FIRE's ``[S, S]`` bias of a tile at offset ``δ`` of query block ``q_block``."""
     x, _ = _inputs(spec, ref, delta, q_block)
-    out = jnp.zeros_like(x) + _at(ref, B2)
-    n = hidden_units(spec)
-    for h in range(n):
-        w1, b1, w2 = (_at(ref, HIDDEN_AT + k * n + h) for k in range(3))
-        out = out + w2 * jnp.maximum(w1 * x + b1, 0.0)
-    return out
+
+    def unit(h, out):
+        w1, b1, w2 = _unit(spec, ref, h)
+        return out + w2 * jnp.maximum(w1 * x + b1, 0.0)
+
+    return jax.lax.fori_loop(0, hidden_units(spec), unit, jnp.zeros_like(x) + _at(ref, B2))
 
 
 def gradient(spec: Spec, ref, delta, q_block, ds) -> jax.Array:
@@ -74,14 +86,17 @@ def gradient(spec: Spec, ref, delta, q_block, ds) -> jax.Array:
     total = lambda y: jnp.sum(y, axis=(0, 1), keepdims=True)  # noqa: E731
     out = jnp.where(lanes == B2, total(ds), 0.0)
     n = hidden_units(spec)
-    dx = jnp.zeros_like(x)
-    for h in range(n):
-        w1, b1, w2 = (_at(ref, HIDDEN_AT + k * n + h) for k in range(3))
+
+    def unit(h, carry):
+        out, dx = carry
+        w1, b1, w2 = _unit(spec, ref, h)
         z = w1 * x + b1
         g = jnp.where(z > 0, ds * w2, 0.0)
-        dx = dx + g * w1
         for k, value in enumerate((total(g * x), total(g), total(ds * jnp.maximum(z, 0.0)))):
             out = out + jnp.where(lanes == HIDDEN_AT + k * n + h, value, 0.0)
+        return out, dx + g * w1
+
+    out, dx = jax.lax.fori_loop(0, n, unit, (out, jnp.zeros_like(x)))
     # x = u / r: u = ψ(d), r = ψ(max(L, i))
     dr = -dx * u / (r * r)
     d_c = dx * distance / ((1.0 + c * distance) * r) + dr * reach / (1.0 + c * reach)

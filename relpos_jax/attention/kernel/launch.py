@@ -8,6 +8,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+from relpos_jax.attention.kernel import fit
 from relpos_jax.attention.kernel.common import F32, Spec
 from relpos_jax.ops import backend
 
@@ -40,6 +41,11 @@ def scratch(spec: Spec, grid: tuple[int, ...]):
     return jax.ShapeDtypeStruct(shape, F32), block
 
 
+def terms(spec: Spec) -> tuple[str, ...]:
+    """The relative terms of a call (``kernel.fit``'s keys)."""
+    return fit.terms_of(spec.band, spec.values, spec.bias, bool(spec.fire))
+
+
 def vmem_limit() -> int | None:
     """The VMEM a Mosaic kernel may take: three quarters of the TensorCore's (the rest for Mosaic's
     own scratch), in place of the compiler's default scoped limit (16 or 32 MiB), which bounds the
@@ -52,9 +58,11 @@ def pallas(spec: Spec, kernel, grid, inputs, in_specs, outputs, aliases=None, pa
     """Run ``kernel`` over ``grid``; ``outputs`` are (shape, block spec) pairs. ``parallel``: the
     programs are independent (the forward), which lets Mosaic split the grid over a chip's two
     TensorCores (v4, v5p); else every axis runs in order (the backward, whose per-distance
-    gradients accumulate across the grid)."""
+    gradients accumulate across the grid). Triton's warps and pipeline stages: ``kernel.fit``."""
     if spec.backend == "triton":
-        params = pltriton.CompilerParams(num_warps=4, num_stages=2)
+        params = pltriton.CompilerParams(
+            num_warps=fit.warps(spec.block), num_stages=fit.stages(terms(spec), not parallel)
+        )
     else:
         order = "parallel" if parallel else "arbitrary"
         params = pltpu.CompilerParams(

@@ -13,8 +13,12 @@ Mosaic (TPU) does both with a strided rotation of the rows (``pltpu.roll``: row 
 ``shift + i·stride``, the stride at most a few lanes, v5 and later): ``band`` rotates row i by
 ``i − S`` (stride +1); ``spread``, its inverse, by ``S − i``, a stride of −1 that Mosaic cannot
 take, so it rotates the rows reversed (row ``S − 1 − i`` by ``1 + i``) and reverses them back, each
-reversal a gather within every 8-row vreg and the vregs taken in reverse order. Triton has no such op on values: the products go through a per-program scratch
-buffer in global memory, written and read back at skewed addresses, a barrier between the two.
+reversal a gather within every 8-row vreg and the vregs taken in reverse order. Triton has no such
+op on values: the products go through a per-program scratch buffer in global memory, written and
+read back at skewed addresses, a barrier between the two. The reads are volatile (never served from
+a stale copy) and the kernels that have them run one pipeline stage (``kernel.fit.stages``): with
+two, Triton's pipeliner issued them an iteration ahead, before the store they must see.
+``kernel.cubin`` finds any volatile read turned into an asynchronous copy.
 
 Dropout (``keep``) is a counter-based hash of (seed, batch row, head, query, key): the same mask in
 the forward and the backward kernels, and in the float64 reference, with no mask stored.
@@ -42,6 +46,11 @@ class Skew:
         if not self.interpret:
             pltriton.debug_barrier()
 
+    def _read(self, rows, cols):
+        if self.interpret:
+            return self.scratch[rows, cols]
+        return pltriton.load(self.scratch.at[rows, cols], volatile=True)
+
     def _rows_cols(self, width: int):
         rows = jax.lax.broadcasted_iota(jnp.int32, (self.size, width), 0)
         cols = jax.lax.broadcasted_iota(jnp.int32, (self.size, width), 1)
@@ -55,7 +64,7 @@ class Skew:
         rows, cols = self._rows_cols(s)
         self.scratch[...] = p
         self._barrier()
-        m = self.scratch[rows, s - rows + cols]
+        m = self._read(rows, s - rows + cols)
         self._barrier()
         return m
 
@@ -72,7 +81,7 @@ class Skew:
         inside = (j >= 0) & (j < s)
         self.scratch[:, :s] = m
         self._barrier()
-        out = self.scratch[rows, jnp.clip(j, 0, s - 1)]
+        out = self._read(rows, jnp.clip(j, 0, s - 1))
         self._barrier()
         return jnp.where(inside, out, 0.0)
 

@@ -1,0 +1,94 @@
+"""How the Triton kernels are launched on a GPU (``kernel.fit``), checked without one: the block
+that fits each chip's shared memory, one pipeline stage wherever ``skew`` reads its scratch buffer
+back, the launch parameters as they reach Pallas, and a block too large for the chip refused in one
+line. That the bound holds for the compiled kernels is ``kernel_cubin_test`` (the triton wheel)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from relpos_jax.attention import kernel
+from relpos_jax.attention.kernel import cubin, fit
+from relpos_jax.errors import ConfigError
+from relpos_jax.model import TransformerLM
+from relpos_jax.ops import backend
+
+H200, A100, RTX_4090 = "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"
+
+
+@pytest.mark.parametrize(
+    ("kind", "capacity"),
+    [(H200, 232_448), (A100, 166_912), (RTX_4090, 101_376), ("NVIDIA X", 232_448)],
+)
+def test_the_shared_memory_a_block_may_take_is_the_target_gpus(kind, capacity):
+    with backend.target("gpu", kind):
+        assert backend.gpu_shared_memory() == capacity
+    with backend.target("tpu", "TPU v5 lite"):
+        assert backend.gpu_shared_memory() is None
+
+
+@pytest.mark.parametrize(
+    ("terms", "head_dim", "dtype", "capability", "block"),
+    [
+        (("band",), 64, jnp.bfloat16, 90, 64),  # the H200's first failure: now fits
+        (("band",), 128, jnp.float32, 90, 32),  # the backward needs 262,144 B at 64
+        (("band", "values"), 128, jnp.bfloat16, 90, 64),
+        (("band", "values"), 128, jnp.bfloat16, 80, 32),
+        (("band",), 64, jnp.bfloat16, 89, 32),  # the backward: 106,496 B compiled at 64
+        (("bias",), 64, jnp.bfloat16, 89, 64),
+    ],
+)
+def test_the_block_is_the_largest_whose_kernels_fit(terms, head_dim, dtype, capability, block):
+    size = jnp.dtype(dtype).itemsize
+    assert fit.block(terms, head_dim, size, capability) == block
+    assert fit.fits(terms, block, head_dim, size, capability)
+    if block < fit.BLOCKS[0]:
+        assert not fit.fits(terms, 2 * block, head_dim, size, capability)
+
+
+def test_one_stage_wherever_the_scratch_buffer_is_read_back():
+    for terms in (("band",), ("band", "values"), ("bias",)):
+        assert fit.stages(terms, backward=False) == 1
+    assert fit.stages((), backward=False) == fit.stages(("fire",), backward=False) == 2
+    assert all(fit.stages(t, backward=True) == 1 for t in ((), ("band",), ("fire",)))
+
+
+@pytest.mark.parametrize(("scheme", "stages"), [("txl", 1), ("shaw", 1), ("t5", 1), ("rope", 2)])
+def test_pallas_launches_the_kernels_with_them(scheme, stages):
+    forward, backward_ = cubin.attention(scheme, 64, jnp.bfloat16)
+    assert (forward.num_stages, forward.num_warps) == (stages, 8)
+    assert (backward_.num_stages, backward_.num_warps) == (1, 8)
+    small = cubin.attention(scheme, 64, jnp.bfloat16, block=16)
+    assert [k.num_warps for k in small] == [4, 4]
+
+
+def test_an_explicit_block_a_gpu_cannot_hold_is_one_line():
+    q = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((2, 256, 64), jnp.float32)
+
+    def call(block):
+        return lambda q, rows: kernel.attend(q, q, q, key_valid=jnp.ones(128, bool), scale=1.0,
+                                             a=q, logit_rows=rows, block=block, backend="triton")  # fmt: skip
+
+    with backend.target("gpu", RTX_4090):
+        with pytest.raises(ValueError) as error:
+            jax.eval_shape(call(64), q, rows)
+        jax.eval_shape(call(32), q, rows)
+    assert str(error.value).startswith("kernel attention: block=64 at head dim 64 in bfloat16")
+    assert "set model.kernel_block=32" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_model_whose_kernel_block_a_gpu_cannot_hold_is_refused_in_one_line():
+    overrides = dict(position="txl", d_model=256, n_heads=2, d_head=128, d_ff=64, n_layers=1,
+                     vocab_size=16, attention_impl="kernel", kernel_block=64)  # fmt: skip
+    with backend.target("gpu", RTX_4090):
+        model = TransformerLM(overrides, rngs=nnx.Rngs(0))
+        tokens = jnp.zeros((1, 64), jnp.int32)
+        with pytest.raises(ConfigError) as error:
+            jax.eval_shape(lambda t: model(t), tokens)
+    message = str(error.value)  # the backward of txl at head dim 128 in float32: 106,496 B at 32
+    assert message.startswith("model.kernel_block=64 is invalid; its kernels need more shared")
+    assert "set 16, or 0" in message and "\n" not in message
