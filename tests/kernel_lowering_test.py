@@ -10,49 +10,27 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from relpos_jax.attention import kernel
+from relpos_jax.attention.kernel import cubin
 
 B, T, M, N, H = 2, 256, 128, 4, 64
-K = M + T
 PLATFORMS = {"cuda": "triton", "tpu": "mosaic"}
 SCHEMES = {
-    "rope, absolute, none": (),
-    "txl": ("band",),
-    "shaw": ("band", "values"),
-    "t5, alibi, kerple": ("bias",),
-    "fire": ("fire",),
+    "rope, absolute, none": cubin.TERMS["rope"],
+    "txl": cubin.TERMS["txl"],
+    "shaw": cubin.TERMS["shaw"],
+    "t5, alibi, kerple": cubin.TERMS["t5"],
+    "fire": cubin.TERMS["fire"],
 }
 
 
 def _export(platform: str, terms, dtype, **options):
-    def loss_and_grads(q, k, v, a, logit_rows, bias_rows, value_rows, fire_rows):
-        tables = {
-            "a": a if "band" in terms else None,
-            "logit_rows": logit_rows if "band" in terms else None,
-            "bias_rows": bias_rows if "bias" in terms else None,
-            "value_rows": value_rows if "values" in terms else None,
-            "fire_rows": fire_rows if "fire" in terms else None,
-        }
-
-        def loss(q, k, v, tables):
-            out = kernel.attend(q, k, v, key_valid=jnp.ones(K, bool), scale=H**-0.5,
-                                backend=PLATFORMS[platform], fire_hidden=32 * ("fire" in terms),
-                                **tables, **options)  # fmt: skip
-            return out.astype(jnp.float32).sum()
-
-        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, tables)
-
-    shape = lambda *s, dtype=dtype: jax.ShapeDtypeStruct(s, dtype)  # noqa: E731
-    args = (
-        shape(B, T, N, H), shape(B, K, N, H), shape(B, K, N, H), shape(B, T, N, H),
-        shape(N, K, H, dtype=jnp.float32), shape(N, K, dtype=jnp.float32),
-        shape(1, K, H, dtype=jnp.float32), shape(N, 1, 128, dtype=jnp.float32),
-    )  # fmt: skip
+    fn, shapes = cubin.attention_step(terms, H, dtype, backend=PLATFORMS[platform], batch=B,
+                                      queries=T, memory=M, heads=N, **options)  # fmt: skip
     exported = jax.export.export(
-        jax.jit(loss_and_grads),
+        jax.jit(fn),
         platforms=[platform],
         disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-    )(*args)
+    )(*shapes)
     return exported.mlir_module()
 
 

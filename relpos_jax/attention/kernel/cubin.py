@@ -164,14 +164,16 @@ TERMS = {
 }
 
 
-def attention(scheme: str, head_dim: int, dtype, block: int | None = None, queries: int = 512,
-              memory: int = 512, heads: int = 2, **options) -> list[Lowered]:  # fmt: skip
-    """The forward and backward kernels of ``kernel.attend`` with ``scheme``'s terms."""
+def attention_step(terms: tuple[str, ...], head_dim: int, dtype, backend: str = "triton",
+                   block: int | None = None, batch: int = 1, queries: int = 512, memory: int = 512,
+                   heads: int = 2, **options):  # fmt: skip
+    """``(fn, shapes)``: the loss of ``kernel.attend`` with these terms (``TERMS``' values) and its
+    gradients, which run the forward and the backward kernel, and the shapes of its arguments."""
     import jax.numpy as jnp
 
     from relpos_jax.attention import kernel
 
-    terms, keys = TERMS[scheme], memory + queries
+    keys = memory + queries
 
     def loss_and_grads(q, k, v, a, logit_rows, bias_rows, value_rows, fire_rows):
         tables = {
@@ -184,7 +186,7 @@ def attention(scheme: str, head_dim: int, dtype, block: int | None = None, queri
 
         def loss(q, k, v, tables):
             out = kernel.attend(q, k, v, key_valid=jnp.ones(keys, bool), scale=head_dim**-0.5,
-                                backend="triton", block=block, fire_hidden=32 * ("fire" in terms),
+                                backend=backend, block=block, fire_hidden=32 * ("fire" in terms),
                                 **tables, **options)  # fmt: skip
             return out.astype(jnp.float32).sum()
 
@@ -192,10 +194,16 @@ def attention(scheme: str, head_dim: int, dtype, block: int | None = None, queri
 
     shape = lambda *s, dtype=dtype: jax.ShapeDtypeStruct(s, dtype)  # noqa: E731
     f32 = jnp.float32
-    return lower(
-        loss_and_grads,
-        shape(1, queries, heads, head_dim), shape(1, keys, heads, head_dim),
-        shape(1, keys, heads, head_dim), shape(1, queries, heads, head_dim),
+    shapes = (
+        shape(batch, queries, heads, head_dim), shape(batch, keys, heads, head_dim),
+        shape(batch, keys, heads, head_dim), shape(batch, queries, heads, head_dim),
         shape(heads, keys, head_dim, dtype=f32), shape(heads, keys, dtype=f32),
         shape(1, keys, head_dim, dtype=f32), shape(heads, 1, 128, dtype=f32),
     )  # fmt: skip
+    return loss_and_grads, shapes
+
+
+def attention(scheme: str, head_dim: int, dtype, block: int | None = None, **options):
+    """The forward and backward Triton kernels of ``kernel.attend`` with ``scheme``'s terms."""
+    fn, shapes = attention_step(TERMS[scheme], head_dim, dtype, block=block, **options)
+    return lower(fn, *shapes)
