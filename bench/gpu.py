@@ -19,7 +19,8 @@ records whether it did (``cache_hit``), so that no cached load reads as a compil
 * ``depth``: lower + compile seconds of that step at 12, 24 and 48 layers (d_model 512).
 * ``attention``: one layer forward and backward (``bench.fused_attention.compute``), d_model 512
   (8 heads of 64), causal, no memory, B·T = 16k tokens at T = 1k, 4k, 8k: txl and rope through
-  the dense, tiled and kernel paths, and cuDNN's ``jax.nn.dot_product_attention`` on rope's projections.
+  the dense, tiled and kernel paths, and cuDNN's ``jax.nn.dot_product_attention`` on rope's projections;
+  then the kernels of t5, alibi, kerple, shaw and fire, and alibi through cuDNN, at the longest T.
 * ``profile``: the base step under ``jax.profiler.trace``, its device time by kind of kernel and
   by phase (``bench.gpu_profile``).
 
@@ -45,6 +46,7 @@ TABLES = ("training", "depth", "attention", "profile")
 QUICK_GPU = dict(layers=2, d_model=256, heads=4, d_ff=1024, seg=256, mem=256, batch=8)
 ATTENTION = dict(layers=1, d_model=512, heads=8, d_ff=2048, seg=0, mem=0, batch=1)
 TOKENS = 16384  # B·T of the attention table
+SCHEMES_LATE = ("t5", "alibi", "kerple", "shaw", "fire")  # the attention table's last rows
 
 
 def on_cpu() -> bool:
@@ -132,10 +134,16 @@ def attention_rows(quick: bool) -> list[dict]:
         (("rope", "kernel"), ("txl", "dense"), ("txl", "tiled")),
         (("rope", "dense"), ("rope", "tiled")),
     )
+    cells = [(scheme, impl, length) for group in groups for length in lengths
+             for scheme, impl in group]  # fmt: skip
+    # then every other scheme the kernels take, at the longest length (the ratios to
+    # cuDNN with RoPE are at T = 8k), and ALiBi through cuDNN with its bias
+    cells += [(scheme, "kernel", lengths[-1]) for scheme in SCHEMES_LATE]
+    cells += [("alibi", "cudnn", lengths[-1])]
     return [
         dict(name=f"{scheme} {impl} T={length}", scheme=scheme, impl=impl, length=length,
              batch=max(1, tokens // length), size=size)
-        for group in groups for length in lengths for scheme, impl in group
+        for scheme, impl, length in cells
     ]  # fmt: skip
 
 

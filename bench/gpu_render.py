@@ -15,7 +15,9 @@ import pathlib
 NVIDIA_A100 = 59_961  # tokens/s, NVIDIA's PyTorch Transformer-XL base (enwik8 sizes), one A100, AMP
 A100_BF16, HOPPER_BF16 = 312.0, 989.0  # dense bf16 peak TFLOP/s (the vendors' data sheets)
 NVIDIA_SCALED = 190_064  # the issue's figure for NVIDIA_A100 × HOPPER_BF16 / A100_BF16 (190,069)
-MFU_BASE, MFU_LARGE, COMPILE_LARGE_S, KERNEL_VS_CUDNN = 0.30, 0.45, 60.0, 1.5
+MFU_BASE, MFU_LARGE, COMPILE_LARGE_S = 0.30, 0.45, 60.0
+# the kernels' time at T = 8k against cuDNN's with RoPE, at most (txl does half again the products)
+KERNEL_VS_CUDNN = {"txl": 1.5, "t5": 1.2, "alibi": 1.2, "kerple": 1.2, "shaw": 1.5, "fire": 1.5}
 
 
 def _f(value, spec: str = ",.0f", suffix: str = "") -> str:
@@ -99,15 +101,17 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
             (label, "", f"not measured ({'quick run' if quick else 'no fresh compile of both'})")
         )
     cells = _attention_cells(results)
-    kernel, cudnn = cells.get(("txl", 8192, "kernel")), cells.get(("rope", 8192, "cudnn"))
-    label = f"txl kernel at T = 8k, forward + backward, ≤ {KERNEL_VS_CUDNN}× cuDNN (rope)"
-    if kernel and cudnn:
-        ratio = kernel["ms"] / cudnn["ms"]
-        out.append((label, f"{ratio:.2f}×", _status(ratio, KERNEL_VS_CUDNN, at_most=True)))
-    else:
-        out.append(
-            (label, "", f"not measured ({'quick run' if quick else 'no pair of cells ran'})")
-        )
+    cudnn = cells.get(("rope", 8192, "cudnn"))
+    for scheme, most in KERNEL_VS_CUDNN.items():
+        kernel = cells.get((scheme, 8192, "kernel"))
+        label = f"{scheme} kernel at T = 8k, forward + backward, ≤ {most}× cuDNN (rope)"
+        if kernel and cudnn:
+            ratio = kernel["ms"] / cudnn["ms"]
+            out.append((label, f"{ratio:.2f}×", _status(ratio, most, at_most=True)))
+        else:
+            out.append(
+                (label, "", f"not measured ({'quick run' if quick else 'no pair of cells ran'})")
+            )
     return out
 
 
@@ -224,7 +228,8 @@ def attention(results: dict) -> list[str]:
     cells = {(r["scheme"], r["length"], r["impl"]): r for r in rows}
     for length in sorted({r["length"] for r in rows}):
         cudnn = cells.get(("rope", length, "cudnn"), {})
-        for scheme in ("txl", "rope"):
+        schemes = dict.fromkeys(["txl", "rope", *(r["scheme"] for r in rows)])
+        for scheme in [x for x in schemes if any(k[:2] == (x, length) for k in cells)]:
             got = [cells.get((scheme, length, i), {}) for i in ("dense", "tiled", "kernel")]
             ms = [_f(c.get("ms"), ",.2f") or c.get("outcome", "") for c in got]
             kernel = got[2]

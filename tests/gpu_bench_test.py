@@ -47,6 +47,8 @@ def results(**meta) -> dict:
         {"scheme": "txl", "impl": "kernel", "length": 8192, "batch": 2, "outcome": "ok",
          "ms": 3.0, "tflops": 100.0},
         {"scheme": "rope", "impl": "cudnn", "length": 8192, "batch": 2, "outcome": "ok", "ms": 2.5},
+        {"scheme": "t5", "impl": "kernel", "length": 8192, "batch": 2, "outcome": "ok",
+         "ms": 3.5, "tflops": 80.0},
     ]  # fmt: skip
     tables = {"training": training, "depth": depth, "attention": attention}
     return {
@@ -65,6 +67,10 @@ def test_targets_are_met_or_missed_from_the_measured_rows():
     assert status["compile time: 48 layers ≤ 24 layers"][1] == "**met**"
     kernel = next(v for k, v in status.items() if k.startswith("txl kernel at T = 8k"))
     assert kernel == ("1.20×", "**met**")
+    t5 = next(v for k, v in status.items() if k.startswith("t5 kernel at T = 8k"))
+    assert t5 == ("1.40×", "**missed**")  # 1.2× at most for a bias
+    shaw = next(v for k, v in status.items() if k.startswith("shaw kernel at T = 8k"))
+    assert shaw[1].startswith("not measured")
 
 
 def test_a_quick_run_or_a_cached_compile_is_not_measured():
