@@ -35,7 +35,8 @@ CONVERT_VENV ?= .venv-convert
 CONVERT_STAMP := $(CONVERT_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 test-convert: $(CONVERT_STAMP)
-	JAX_PLATFORMS=cpu $(CONVERT_VENV)/bin/python -m pytest -n 0 -ra tests/convert_test.py
+	JAX_PLATFORMS=cpu $(CONVERT_VENV)/bin/python -m pytest -n 0 -ra tests/convert_test.py \
+		tests/convert_fuzz_checkpoints_test.py
 
 $(CONVERT_STAMP): pyproject.toml constraints.txt
 	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)

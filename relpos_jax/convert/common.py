@@ -95,6 +95,12 @@ class Tensors:
         return sorted(n for n in self.shapes if n not in self.used and not ignore(n))
 
 
+def first_line(error: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
 def listed(names: list[str]) -> str:
     """``'a'``, or ``'a' (and 2 more)``: the first of some names, for a one-line error."""
     more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""

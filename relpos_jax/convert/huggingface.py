@@ -182,15 +182,25 @@ def read_tensors(folder: pathlib.Path) -> Tensors:
             arrays = safetensors.load_file(str(path))
         except Exception as error:  # truncated, garbled, a dtype numpy lacks
             raise ConvertError(
-                f"{path} cannot be read as safetensors ({_first_line(error)}); {FIX}"
+                f"{path} cannot be read as safetensors ({common.first_line(error)}); {FIX}"
             ) from None
     else:
         torch = common.need("torch", f"reading {path}")
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as error:  # truncated file, not a state dict
-            raise ConvertError(f"{path} cannot be read by torch.load ({error}); {FIX}") from None
-        arrays = {k: v.detach().float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
+        except Exception as error:  # truncated, garbled, an object weights_only does not build
+            raise ConvertError(
+                f"{path} cannot be read by torch.load ({common.first_line(error)}); {FIX}"
+            ) from None
+        if not isinstance(state, dict):
+            raise ConvertError(
+                f"{path} holds a {type(state).__name__}, not a state dict of named tensors; {FIX}"
+            )
+        arrays = {  # floating point as float32 (numpy has no bfloat16); others as they are
+            k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
+            for k, v in state.items()
+            if isinstance(v, torch.Tensor)
+        }
     shapes = {name: tuple(array.shape) for name, array in arrays.items()}
     return Tensors(str(path), shapes, arrays.__getitem__, FIX)
 
@@ -349,7 +359,7 @@ def read_vocab(folder: pathlib.Path) -> list[str] | None:
             except Exception as error:
                 raise ConvertError(
                     f"{path} cannot be read by torch.load(weights_only=True) "
-                    f"({_first_line(error)}); move it out of --source"
+                    f"({common.first_line(error)}); move it out of --source"
                 ) from None
         else:
             try:
@@ -361,17 +371,12 @@ def read_vocab(folder: pathlib.Path) -> list[str] | None:
                 ) from None
             except Exception as error:
                 raise ConvertError(
-                    f"{path} is not a readable pickle ({_first_line(error)}); move it out of --source"
+                    f"{path} is not a readable pickle ({common.first_line(error)}); move it out of --source"
                 ) from None
         if not isinstance(loaded, dict) or "idx2sym" not in loaded:
             raise ConvertError(f"{path} holds no idx2sym list; move it out of --source")
         return [str(symbol) for symbol in loaded["idx2sym"]]
     return None
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def convert(source, workdir, base_config: ml_collections.ConfigDict | None = None) -> dict:

@@ -67,9 +67,19 @@ def open_checkpoint(source: str | pathlib.Path) -> Tensors:
         reader = tf.train.load_checkpoint(prefix)
         shapes = reader.get_variable_to_shape_map()
     except Exception as error:  # unreadable files: tf's errors are many lines
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConvertError(f"{prefix} cannot be read by TensorFlow ({first})") from None
-    return Tensors(prefix, {k: tuple(v) for k, v in shapes.items()}, reader.get_tensor, FIX)
+        raise ConvertError(
+            f"{prefix} cannot be read by TensorFlow ({common.first_line(error)})"
+        ) from None
+
+    def read(name: str):
+        try:
+            return reader.get_tensor(name)
+        except Exception as error:  # its data file truncated or garbled
+            raise ConvertError(
+                f"{name} cannot be read from {prefix} ({common.first_line(error)}); {FIX}"
+            ) from None
+
+    return Tensors(prefix, {k: tuple(v) for k, v in shapes.items()}, read, FIX)
 
 
 def _check_config(cfg: Config) -> None:
