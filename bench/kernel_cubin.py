@@ -62,8 +62,9 @@ def render(results: dict) -> str:
         f"{results['date']}. Segment 512 + memory 512. A cell: shared memory a block (KiB) · "
         "registers · bytes spilled a thread · scratch reads pipelined ahead of their store; "
         "**bold** where it would not run as it should (shared memory over the chip's 227 KiB on "
-        "sm_90, 163 KiB on sm_80; spills over 2 KiB; any early read). *first*: block 64, 4 warps, "
-        "2 stages (the launch an H200 refused); *fit*: `kernel.fit`'s launch for that chip (its "
+        "sm_90, 163 KiB on sm_80; spills over 2 KiB; any early read). *first*: these kernels "
+        "launched as they first were, block 64, 4 warps, 2 stages (the launch an H200 refused; "
+        "FIRE's hidden units already a loop); *fit*: `kernel.fit`'s launch for that chip (its "
         "block in the column). These are compiles, not runs: whether the kernels are right and "
         "fast on a GPU is measured by `bench/gpu.sh` there.",
         "",

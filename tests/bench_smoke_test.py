@@ -4,6 +4,7 @@ processes each benchmark cell starts) run with ``make test-bench``, not in ``mak
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 import subprocess
@@ -205,6 +206,18 @@ def test_the_committed_tpu_table_is_rendered_from_its_json():
         assert row["train"]["fits"] or "fits_with" in row["train"], row["label"]
         assert row["eval"]["fits"], row["label"]
     assert aot_table.render(results) == (ROOT / "docs/results/aot.md").read_text()
+
+
+def test_the_committed_cubin_table_is_rendered_from_its_json():
+    """docs/results/kernel_cubin.md: every kernel of every scheme at both launches on both chips;
+    as launched now, none over the chip's shared memory, the spill budget, or reading early."""
+    from bench import kernel_cubin
+
+    results = json.loads((ROOT / "docs/results/kernel_cubin.json").read_text())
+    launches = collections.Counter(row["launch"] for row in results["rows"])
+    assert launches == {"first": 80, "fit": 80}
+    assert not [row for row in results["rows"] if row["launch"] == "fit" and row["problems"]]
+    assert kernel_cubin.render(results) == (ROOT / "docs/results/kernel_cubin.md").read_text()
 
 
 def test_the_committed_context_parallel_table_is_rendered_from_its_json():
