@@ -81,6 +81,7 @@ class Program:
     temp_bytes: int
     code_bytes: int
     flops: float  # the compiler's count a chip; a loop body (the scanned layers) counts once
+    kernel_calls: int = 0  # Mosaic kernels (Pallas calls) in the program
 
     @property
     def chip_bytes(self) -> int:
@@ -99,6 +100,7 @@ class Program:
             name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes,
             memory.alias_size_in_bytes, memory.temp_size_in_bytes,
             memory.generated_code_size_in_bytes, float((cost or {}).get("flops", 0.0)),
+            compiled.as_text().count('custom_call_target="tpu_custom_call"'),
         )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from relpos_jax.attention import kernel
+from relpos_jax.attention import fused, kernel
 from relpos_jax.attention.kernel import cubin, fit
 from relpos_jax.errors import ConfigError
 from relpos_jax.model import TransformerLM
@@ -92,3 +92,26 @@ def test_a_model_whose_kernel_block_a_gpu_cannot_hold_is_refused_in_one_line():
     message = str(error.value)  # the backward of txl at head dim 128 in float32: 106,496 B at 32
     assert message.startswith("model.kernel_block=64 is invalid; its kernels need more shared")
     assert "set 16, or 0" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("chip", "position", "dtype", "window", "path"),
+    [
+        ("TPU v5 lite", "txl", "bfloat16", 8192, "kernel"),  # 79 MiB of the 96 the kernels may take
+        ("TPU v5 lite", "txl", "bfloat16", 16384, "tiled"),  # 156 MiB
+        ("TPU v5", "txl", "bfloat16", 8192, "tiled"),  # 79 of 48
+        ("TPU v5", "txl", "bfloat16", 4096, "kernel"),
+        ("TPU v5", "rope", "bfloat16", 8192, "kernel"),  # no table by distance: 42 MiB
+        ("TPU v5", "t5", "float32", 4096, "tiled"),  # bias table and f32: 50 MiB
+    ],
+)
+def test_auto_on_a_tpu_takes_the_tiled_path_where_the_kernels_would_not_fit_its_vmem(
+    chip, position, dtype, window, path
+):
+    """Segment and memory ``window`` each, two heads of 64 (``fit.mosaic_vmem_bytes``; that the
+    compiler takes every window the bound admits is ``tpu_compile_test``)."""
+    config = TransformerLM(dict(position=position, d_model=128, n_heads=2, d_ff=64, n_layers=1,
+                                vocab_size=16, attention_impl="auto", dtype=dtype),
+                           rngs=nnx.Rngs(0)).config  # fmt: skip
+    with backend.target("tpu", chip):
+        assert fused.path(config, window, 2 * window, None, False) == path

@@ -83,7 +83,7 @@ def test_kernel_equals_tiled_with_same_length_and_clamp_len(position):
 @pytest.mark.parametrize("position", [p for p in POSITIONS if p not in FUSED])
 def test_schemes_the_kernels_do_not_run_take_the_tiled_path(position):
     tiled, kernel = _pair(position)
-    assert fused.path(kernel.config, MEM + SEG, None, False) == "tiled"
+    assert fused.path(kernel.config, SEG, MEM + SEG, None, False) == "tiled"
     tokens = jax.random.randint(jax.random.PRNGKey(3), (2, SEG), 0, 256)
     mems = tiled.init_mems(2)
     np.testing.assert_allclose(kernel(tokens, mems)[0], tiled(tokens, mems)[0], atol=1e-6)
@@ -94,13 +94,13 @@ def test_auto_takes_the_kernels_on_an_accelerator_else_dense_then_tiled_by_lengt
     auto = dataclasses.replace(tiled.config, attention_impl="auto")
     on_device = kernel_api.backend_of() is not None
     short, long = (
-        fused.path(auto, fused.DENSE_KEYS, None, False),
-        fused.path(auto, fused.DENSE_KEYS + 1, None, False),
+        fused.path(auto, 64, fused.DENSE_KEYS, None, False),
+        fused.path(auto, 64, fused.DENSE_KEYS + 1, None, False),
     )
     assert (short, long) == (("kernel", "kernel") if on_device else ("dense", "tiled"))
-    assert fused.path(auto, 64, None, True) == "tiled"  # a segment split over devices
+    assert fused.path(auto, 64, 64, None, True) == "tiled"  # a segment split over devices
     mask = jnp.ones((SEG, MEM + SEG), bool)
-    assert fused.path(auto, 64, mask, False) in ("dense", "tiled")  # the kernels take no mask
+    assert fused.path(auto, 64, 64, mask, False) in ("dense", "tiled")  # the kernels take no mask
 
 
 def test_a_bad_kernel_block_or_head_dim_is_refused_in_one_line():

@@ -166,3 +166,29 @@ def test_a_window_beyond_the_vmem_of_the_chip_is_one_line():
         "layer's whole window (data.segment_len=8192 + model.mem_len=8192) in VMEM, more than it "
         "has; use --config.model.attention_impl=tiled, or a shorter segment or memory"
     )
+
+
+def test_auto_takes_the_tiled_path_where_the_window_is_beyond_the_vmem_of_the_chip():
+    """The window the kernels cannot hold on v5p (above): ``auto`` takes the tiled path there."""
+    program = aot.train_step(_window("model.attention_impl=auto"), aot.topology("v5p:2x2x1"))
+    assert program.kernel_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("topology", "scheme", "length", "head_dim", "dtype"),
+    [
+        ("v5p:2x2x1", "txl", 4096, 64, "bfloat16"),  # the bound: 40 of 48 MiB
+        ("v5p:2x2x1", "t5", 3072, 128, "float32"),  # 38
+        ("v5e:2x2", "txl", 9728, 64, "bfloat16"),  # 93 of 96
+        ("v5e:2x2", "shaw", 4096, 128, "float32"),  # 71
+    ],
+)
+def test_every_window_the_vmem_bound_admits_compiles(topology, scheme, length, head_dim, dtype):
+    """``kernel.fit.mosaic_vmem_bytes`` is an upper bound: a window it admits, near the limit,
+    compiles through the kernels (segment and memory ``length`` each, two heads)."""
+    config = _small(
+        f"model.position={scheme}", f"model.d_model={2 * head_dim}", f"model.dtype={dtype}",
+        f"data.segment_len={length}", f"model.mem_len={length}", "model.attention_impl=auto",
+    )  # fmt: skip
+    program = aot.train_step(config, aot.topology(topology))
+    assert program.kernel_calls > 0

@@ -196,8 +196,8 @@ class Attention(nnx.Module):
     def _attend(self, q, k, v, ctx: PositionContext, deterministic: bool) -> jax.Array:
         dtype = q.dtype
         split = context_parallel.splits(q.shape[1], k.shape[1])
-        impl = fused.path(self.config, k.shape[-1 if self.kv_layout == "bnhk" else 1], ctx.mask,
-                          split)  # fmt: skip
+        keys = k.shape[-1 if self.kv_layout == "bnhk" else 1]
+        impl = fused.path(self.config, q.shape[1], keys, ctx.mask, split)
         if impl == "kernel":
             out = self._fused(q, k, v, ctx, deterministic)
         elif impl == "tiled":

@@ -75,7 +75,7 @@ def check(cfg: Any) -> None:
             )  # fmt: skip
 
 
-def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
+def path(cfg: Any, q_len: int, k_len: int, mask: Any, split: bool) -> str:
     """``dense``, ``tiled`` or ``kernel``: what ``model.attention_impl`` means for this call."""
     impl = cfg.attention_impl
     if impl in ("dense", "tiled"):
@@ -85,12 +85,37 @@ def path(cfg: Any, k_len: int, mask: Any, split: bool) -> str:
             fail("model.attention_impl", impl, f"{why}; use tiled (or auto, which takes it there)")
         _say_tiled(why)
         return "tiled"
+    if (
+        impl == "auto"
+        and kernel.backend_of() == "mosaic"
+        and (why := _beyond_vmem(cfg, q_len, k_len))
+    ):
+        _say_tiled(why)
+        return "tiled"
     if mask is None and not split and fusable(cfg):
         if impl == "kernel" or kernel.backend_of() is not None:
             return "kernel"
     if impl == "kernel" or split or k_len > DENSE_KEYS:
         return "tiled"
     return "dense"
+
+
+def _beyond_vmem(cfg: Any, q_len: int, k_len: int) -> str | None:
+    """Why the Mosaic kernels would not fit the TPU's VMEM with this window (None: they would, by
+    ``kernel.fit``'s bound; the scheme's tables counted as its hooks give them, at most a band and a
+    value table)."""
+    capacity = ops_backend.tpu_vmem_bytes()
+    scheme = schemes.get(cfg.position)
+    terms = fit.terms_of(_overrides(scheme, "band_rows") or _overrides(scheme, "distance_tables"),
+                         _overrides(scheme, "distance_tables"), _overrides(scheme, "bias"), False)  # fmt: skip
+    size = jnp.dtype(cfg.dtype).itemsize
+    need = fit.mosaic_vmem_bytes(terms, q_len, k_len, cfg.head_dim, size)
+    if capacity is None or fit.fits_vmem(terms, q_len, k_len, cfg.head_dim, size, capacity):
+        return None
+    return (
+        f"the kernels would hold a window of {k_len:,} keys in VMEM ({need / 2**20:.0f} MiB, more "
+        f"than the {capacity * 3 // 4 / 2**20:.0f} MiB they may take of the chip's)"
+    )
 
 
 @functools.cache  # once a process

@@ -1,5 +1,6 @@
 """How a Triton kernel is launched on a GPU: its block size, warps and pipeline stages, chosen from
-the shared memory a block may take on the chip (``backend.gpu_shared_memory``).
+the shared memory a block may take on the chip (``backend.gpu_shared_memory``); and whether the
+Mosaic kernels fit a TPU's VMEM (``fits_vmem``: else ``auto`` takes the tiled path).
 
 Shared memory is what limits these kernels (an H200 refused the first ones: 254,208 B asked, 232,448
 there). What Triton allocates is known only after it compiles, so ``shared_bytes`` bounds it from
@@ -93,3 +94,42 @@ def block(terms: tuple[str, ...], head_dim: int, itemsize: int, capability: int 
     else 9.0); None if none does."""
     capability = capability or backend.gpu_capability() or 90
     return next((s for s in BLOCKS if fits(terms, s, head_dim, itemsize, capability)), None)
+
+
+# ---------------------------------------------------------------------------------------- TPU
+
+LANES, SUBLANES = 128, 8
+TABLE_WIDTH = {"band": None, "values": None, "bias": 16}  # lanes a row; None: the head dim
+
+
+def mosaic_vmem_bytes(terms: tuple[str, ...], queries: int, keys: int, head_dim: int,
+                      itemsize: int, block: int = 128) -> int:  # fmt: skip
+    """An upper bound of the VMEM the Mosaic backward kernel (the larger of the two) takes: every
+    block double-buffered (Pallas' pipeline), the last dimension padded to 128 lanes. Each program
+    holds its batch row and head's whole window and segment (``kernel.backward.call``): keys and
+    values, the queries, the band query and the output gradient, the log-sum-exp and ``Σ dO·O``
+    (one lane each, padded), the tables by distance and their gradients."""
+    up = lambda x, m: -(-x // m) * m  # noqa: E731
+    t, k, h = up(queries, block), up(keys, block), up(head_dim, LANES)
+    rows = keys + 4 * block + SUBLANES
+    tables = sum(  # by distance; FIRE's is one row of its parameters
+        (SUBLANES * LANES if term == "fire" else rows * up(TABLE_WIDTH[term] or head_dim, LANES))
+        * 4
+        for term in terms
+    )
+    inputs = (
+        t * h * itemsize * (2 + ("band" in terms))  # q, dO, a
+        + 2 * k * h * itemsize  # k, v
+        + 2 * t * LANES * 4  # lse, Σ dO·O
+        + SUBLANES * k * 4  # which keys are valid
+        + tables
+    )
+    outputs = 4 * block * h * 4 + tables  # dq, da, dk, dv blocks; the tables' gradients
+    return 2 * (inputs + outputs)
+
+
+def fits_vmem(terms: tuple[str, ...], queries: int, keys: int, head_dim: int, itemsize: int,
+              capacity: int) -> bool:  # fmt: skip
+    """Whether the kernels fit three quarters of ``capacity`` bytes of VMEM (what they ask of
+    Mosaic: ``launch.vmem_limit``)."""
+    return mosaic_vmem_bytes(terms, queries, keys, head_dim, itemsize) <= capacity * 3 // 4
