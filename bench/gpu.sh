@@ -11,7 +11,9 @@
 #    attention` merges its rows into gpu.json as it goes (see bench/gpu.py); then the kernel tests
 #    on the device (not in --quick), with the time left. JAX's persistent compilation cache
 #    (/tmp/jax_cache) lets a later table load what an earlier one compiled.
-# 3. Renders gpu.md from gpu.json (python -m bench.gpu_render); the log of the run is gpu.log.
+# 3. Renders gpu.md from gpu.json (python -m bench.gpu_render), and records in
+#    relpos_jax/attention/kernel/faster.json where the kernels beat dense and tiled (what
+#    model.attention_impl=auto takes on this kind of GPU); the log of the run is gpu.log.
 # GPU_BENCH_COMMIT=<commit> names the commit where the copy has no git history (a device's copy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,5 +99,7 @@ if [ -z "$QUICK" ]; then
     $PY -m bench.gpu --record kernel_tests --outcome "$summary" --json "$JSON"
   fi
 fi
-$PY -m bench.gpu_render --json "$JSON" --out "$DIR/gpu.md" 2>&1 | tee -a "$LOG"
+$PY -m bench.gpu_render --json "$JSON" --out "$DIR/gpu.md" \
+  --faster relpos_jax/attention/kernel/faster.json 2>&1 | tee -a "$LOG"
+[ "$DIR" = docs/results ] || cp relpos_jax/attention/kernel/faster.json "$DIR/faster.json"
 say "finished; $DIR/gpu.md, $DIR/gpu.json, $DIR/gpu.log"

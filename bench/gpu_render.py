@@ -316,13 +316,48 @@ def render(results: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def faster(results: dict) -> dict[str, bool]:
+    """``{scheme: {length: kernel faster}}``: at each length of the attention table where the
+    kernel, dense and tiled cells of a scheme all ran, whether the kernel beat both; nothing unless
+    the kernel tests passed on that GPU in the same run."""
+    meta = results.get("meta", {})
+    rows = _ok(_rows(results, "attention"))
+    tests = results.get("tables", {}).get("kernel_tests", {}).get("outcome", "")
+    passed = "passed" in tests and not any(word in tests for word in ("failed", "error"))
+    if meta.get("quick") or meta.get("backend") != "gpu" or not passed:
+        return {}  # a quick run, a CPU's interpreted kernels, or kernel tests that did not pass
+    cells = {(r["scheme"], r["length"], r["impl"]): r["ms"] for r in rows}
+    out: dict = {}
+    for scheme, length, impl in cells:
+        others = [cells.get((scheme, length, i)) for i in ("dense", "tiled")]
+        if impl == "kernel" and None not in others:
+            out.setdefault(scheme, {})[str(length)] = cells[scheme, length, impl] < min(others)
+    return out
+
+
+def write_faster(results: dict, path: pathlib.Path) -> None:
+    """Merge this device's ``faster`` into ``path`` (``relpos_jax/attention/kernel/faster.json``)."""
+    table = json.loads(path.read_text())
+    measured = faster(results)
+    if measured:
+        table["devices"][results["meta"]["device"]] = measured
+        path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"{path}: {len(measured)} schemes measured on {results['meta'].get('device')}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True, type=pathlib.Path)
     parser.add_argument("--out", required=True, type=pathlib.Path)
+    parser.add_argument(
+        "--faster", type=pathlib.Path, help="also merge where the kernels won into this faster.json"
+    )
     args = parser.parse_args(argv)
-    args.out.write_text(render(json.loads(args.json.read_text())))
+    results = json.loads(args.json.read_text())
+    args.out.write_text(render(results))
     print(f"wrote {args.out}")
+    if args.faster:
+        write_faster(results, args.faster)
 
 
 if __name__ == "__main__":

@@ -204,3 +204,32 @@ def test_training_table_runs_on_the_cpu_and_renders(tmp_path):
     assert rows[0]["layers"] == 1 and rows[0]["d_model"] == 32  # SIZES["tiny"] on a CPU
     text = gpu_render.render(saved)
     assert "Quick run" in text and "| quick: 1 × d 32" in text
+
+
+def test_where_the_kernels_won_is_recorded_only_when_their_tests_passed(tmp_path):
+    """gpu_render --faster: the lengths at which the kernel beat dense and tiled, merged into the
+    table ``model.attention_impl=auto`` reads, for the device measured."""
+    measured = results()
+
+    def cell(scheme, impl, length, ms):
+        return {"scheme": scheme, "impl": impl, "length": length, "outcome": "ok", "ms": ms}
+
+    measured["tables"]["attention"] = {"outcome": "ok", "rows": [
+        cell("txl", "kernel", 1024, 2.0), cell("txl", "dense", 1024, 1.0),
+        cell("txl", "tiled", 1024, 3.0), cell("txl", "kernel", 8192, 2.0),
+        cell("txl", "dense", 8192, 5.0), cell("txl", "tiled", 8192, 4.0),
+        cell("t5", "kernel", 8192, 1.0),  # no dense or tiled cell: nothing to compare
+    ]}  # fmt: skip
+    assert gpu_render.faster(measured) == {}  # no kernel tests on record
+    measured["tables"]["kernel_tests"] = {"outcome": "36 passed in 80.1s", "rows": []}
+    assert gpu_render.faster(measured) == {"txl": {"1024": False, "8192": True}}
+    table = tmp_path / "faster.json"
+    table.write_text(json.dumps({"about": "", "devices": {"NVIDIA A100": {"txl": {"512": True}}}}))
+    gpu_render.write_faster(measured, table)
+    assert json.loads(table.read_text())["devices"] == {
+        "NVIDIA A100": {"txl": {"512": True}},
+        "NVIDIA H200": {"txl": {"1024": False, "8192": True}},
+    }
+    measured["tables"]["kernel_tests"]["outcome"] = "2 failed, 34 passed in 80.1s"
+    assert gpu_render.faster(measured) == {}
+    assert gpu_render.faster(results(quick=True)) == {}

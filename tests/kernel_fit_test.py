@@ -5,13 +5,15 @@ line. That the bound holds for the compiled kernels is ``kernel_cubin_test`` (th
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
 
 from relpos_jax.attention import fused, kernel
-from relpos_jax.attention.kernel import cubin, fit
+from relpos_jax.attention.kernel import cubin, faster, fit
 from relpos_jax.errors import ConfigError
 from relpos_jax.model import TransformerLM
 from relpos_jax.ops import backend
@@ -115,3 +117,33 @@ def test_auto_on_a_tpu_takes_the_tiled_path_where_the_kernels_would_not_fit_its_
                            rngs=nnx.Rngs(0)).config  # fmt: skip
     with backend.target("tpu", chip):
         assert fused.path(config, window, 2 * window, None, False) == path
+
+
+MEASURED = {"NVIDIA H200": {"txl": {"1024": False, "4096": True, "8192": True}}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "queries", "taken"),
+    [("NVIDIA H200", 512, False), ("NVIDIA H200", 2048, False), ("NVIDIA H200", 4096, True),
+     ("NVIDIA H200", 32768, True), ("NVIDIA A100-SXM4-80GB", 8192, False)],
+)  # fmt: skip
+def test_auto_on_a_gpu_takes_the_kernels_only_where_one_of_its_kind_measured_them_faster(
+    monkeypatch, kind, queries, taken
+):
+    """``kernel.faster``: from the longest measured length not beyond this one; another kind of
+    GPU, or a length shorter than any measured, takes dense or tiled."""
+    monkeypatch.setattr(faster, "_devices", lambda: MEASURED)
+    config = TransformerLM(dict(position="txl", d_model=128, n_heads=2, d_ff=64, n_layers=1,
+                                vocab_size=16, attention_impl="auto"), rngs=nnx.Rngs(0)).config  # fmt: skip
+    with backend.target("gpu", kind):
+        path = fused.path(config, queries, 2 * queries, None, False)
+    assert (path == "kernel") == taken
+    assert path in ("kernel", "dense", "tiled")
+
+
+def test_the_shipped_table_of_measured_gpus_is_what_bench_gpu_wrote():
+    """Empty until a GPU run fills it: then auto takes dense or tiled on every GPU."""
+    table = json.loads(faster.TABLE.read_text())
+    assert "bench.gpu_render --faster" in table["about"]
+    for kind, schemes in table["devices"].items():
+        assert kind.startswith("NVIDIA") and all(isinstance(v, dict) for v in schemes.values())

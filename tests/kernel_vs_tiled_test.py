@@ -89,15 +89,16 @@ def test_schemes_the_kernels_do_not_run_take_the_tiled_path(position):
     np.testing.assert_allclose(kernel(tokens, mems)[0], tiled(tokens, mems)[0], atol=1e-6)
 
 
-def test_auto_takes_the_kernels_on_an_accelerator_else_dense_then_tiled_by_length():
+def test_auto_takes_the_kernels_on_a_tpu_else_dense_then_tiled_by_length():
     tiled, _ = _pair("txl")
     auto = dataclasses.replace(tiled.config, attention_impl="auto")
-    on_device = kernel_api.backend_of() is not None
     short, long = (
         fused.path(auto, 64, fused.DENSE_KEYS, None, False),
         fused.path(auto, 64, fused.DENSE_KEYS + 1, None, False),
     )
-    assert (short, long) == (("kernel", "kernel") if on_device else ("dense", "tiled"))
+    # on a GPU only where one of its kind measured them faster (kernel.faster; at 64 queries: no)
+    on_tpu = kernel_api.backend_of() == "mosaic"
+    assert (short, long) == (("kernel", "kernel") if on_tpu else ("dense", "tiled"))
     assert fused.path(auto, 64, 64, None, True) == "tiled"  # a segment split over devices
     mask = jnp.ones((SEG, MEM + SEG), bool)
     assert fused.path(auto, 64, 64, mask, False) in ("dense", "tiled")  # the kernels take no mask

@@ -14,8 +14,9 @@ per layer and call (linear in K) from the hooks the dense and tiled paths use:
 
 DeBERTa (``Scheme.fused = False``), an explicit ``mask``, a segment split over the ``context``
 axis, and a chip the compiled kernels do not run on (TPU v4: ``kernel.unavailable``) run the tiled
-path instead. ``auto`` takes the kernels on a GPU or TPU, and on a
-CPU the dense path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
+path instead. ``auto`` takes the kernels on a TPU where they fit its VMEM, on a GPU only where
+one of its kind measured them faster (``kernel.faster``), and elsewhere (and on a CPU) the dense
+path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
 matters and its time is no worse: ``docs/benchmarks.md``). ``kernel`` on a CPU runs the kernels in
 Pallas' interpreter (exact and slow: for tests).
 """
@@ -32,8 +33,8 @@ import jax.numpy as jnp
 
 from relpos_jax import schemes, sharding
 from relpos_jax.attention import kernel
+from relpos_jax.attention.kernel import faster, fit
 from relpos_jax.attention.kernel import fire as fire_term
-from relpos_jax.attention.kernel import fit
 from relpos_jax.errors import fail
 from relpos_jax.ops import backend as ops_backend
 from relpos_jax.schemes import Tile
@@ -93,7 +94,11 @@ def path(cfg: Any, q_len: int, k_len: int, mask: Any, split: bool) -> str:
         _say_tiled(why)
         return "tiled"
     if mask is None and not split and fusable(cfg):
-        if impl == "kernel" or kernel.backend_of() is not None:
+        if impl == "kernel" or kernel.backend_of() == "mosaic":
+            return "kernel"
+        if kernel.backend_of() == "triton" and faster.measured_faster(
+            ops_backend.device_kind(), cfg.position, q_len
+        ):
             return "kernel"
     if impl == "kernel" or split or k_len > DENSE_KEYS:
         return "tiled"
