@@ -20,7 +20,7 @@ import pytest
 from relpos_jax.config import Config, load_config
 from relpos_jax.convert import tensorflow
 from relpos_jax.convert.__main__ import main
-from relpos_jax.convert.common import Tensors
+from tests.convert_fuzz_test import _Recorder, broken_weights
 from tests.convert_fuzz_test import _valid as _hf_folder
 from tests.helpers import ROOT
 
@@ -40,18 +40,6 @@ TF_MODELS = {
 MISMATCHES = ("model.n_layers=3", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
               "model.vocab_size=41", "untie_r flipped")  # fmt: skip
 CUTS = (0, 7, 8, 100, -1)
-
-
-class _Recorder(Tensors):
-    """Every tensor a converter asks for, with its shape: a valid checkpoint's variables."""
-
-    def __init__(self):
-        super().__init__("recorder", {}, None, "")
-
-    def get(self, name, shape, fields):
-        self.shapes[name] = tuple(shape)
-        self.used.add(name)
-        return np.zeros(shape, np.float32)
 
 
 def _weights(shapes: dict) -> dict[str, np.ndarray]:
@@ -80,26 +68,6 @@ def _tensor_cases(weights) -> list[tuple[str, object]]:
         cases += [("tensor non-finite", tensor), ("tensor float16", tensor),
                   ("tensor int64", tensor)]  # fmt: skip
     return cases
-
-
-def _broken(weights: dict, broken: str, how) -> dict:
-    weights = dict(weights)
-    if broken == "tensor missing":
-        del weights[how]
-    elif broken == "tensor reshaped":
-        weights[how] = np.zeros((*weights[how].shape, 2), np.float32)
-    elif broken == "tensor renamed":
-        weights[how + "_renamed"] = weights.pop(how)
-    elif broken == "tensor non-finite":
-        weights[how] = weights[how].copy()
-        weights[how].flat[1] = np.inf
-    elif broken == "tensor float16":
-        weights[how] = weights[how].astype(np.float16)
-    elif broken == "tensor int64":
-        weights[how] = weights[how].astype(np.int64)
-    elif broken == "extra tensor":
-        weights[how] = np.zeros(3, np.float32)
-    return weights
 
 
 def _damage(path, broken: str, how) -> None:
@@ -148,7 +116,7 @@ def test_every_broken_tensorflow_checkpoint_is_one_line_and_writes_nothing(tmp_p
         weights = _tf_valid(name)
         if broken == "optimizer slot":
             weights[how] = np.zeros(3, np.float32)
-        weights = _broken(weights, broken, how)
+        weights = broken_weights(weights, broken, how)
         folder, workdir = tmp_path / f"source{index}", tmp_path / f"run{index}"
         prefix = _tf_checkpoint(tf, weights, folder / "model.ckpt-0")
         overrides = list(TF_MODELS[name])
@@ -208,7 +176,7 @@ def test_every_broken_pytorch_model_bin_is_one_line_and_writes_nothing(tmp_path,
         (folder / "config.json").write_text(json.dumps(config))
         (folder / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": [f"w{i}" for i in range(
             config["vocab_size"])]}))  # fmt: skip
-        state = {k: torch.from_numpy(v) for k, v in _broken(weights, broken, how).items()}
+        state = {k: torch.from_numpy(v) for k, v in broken_weights(weights, broken, how).items()}
         if broken == "bin holds":
             first = next(iter(state))
             state = {

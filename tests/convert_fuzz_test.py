@@ -94,9 +94,10 @@ def _cases() -> list[tuple[str, str, object]]:
     return cases
 
 
-def _folder(path, name: str, broken: str, how) -> None:
-    config, weights, symbols = _valid(name)
-    vocab = pickle.dumps({"idx2sym": symbols})
+def broken_weights(weights: dict, broken: str, how) -> dict[str, np.ndarray]:
+    """``weights`` with tensor ``how`` missing, reshaped, renamed, non-finite, float16 or int64, or
+    an extra tensor ``how`` (``broken``); as they are for any other case."""
+    weights = dict(weights)
     if broken == "tensor missing":
         del weights[how]
     elif broken == "tensor reshaped":
@@ -104,6 +105,7 @@ def _folder(path, name: str, broken: str, how) -> None:
     elif broken == "tensor renamed":
         weights[how + ".renamed"] = weights.pop(how)
     elif broken == "tensor non-finite":
+        weights[how] = weights[how].copy()
         weights[how].flat[1] = np.nan
     elif broken == "tensor float16":
         weights[how] = weights[how].astype(np.float16)
@@ -111,7 +113,14 @@ def _folder(path, name: str, broken: str, how) -> None:
         weights[how] = weights[how].astype(np.int64)
     elif broken == "extra tensor":
         weights[how] = np.zeros(3, np.float32)
-    elif broken == "config.json key missing":
+    return weights
+
+
+def _folder(path, name: str, broken: str, how) -> None:
+    config, weights, symbols = _valid(name)
+    weights = broken_weights(weights, broken, how)
+    vocab = pickle.dumps({"idx2sym": symbols})
+    if broken == "config.json key missing":
         config.pop(how, None)
     elif broken == "config.json value":
         config[how[0]] = how[1]
