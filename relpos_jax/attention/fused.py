@@ -65,8 +65,8 @@ def check(cfg: Any) -> None:
         fail(
             "model.attention_impl", "kernel",
             f"the kernels take a head dim and model.kernel_block that are powers of two ≥ 16 (head "
-            f"dim {cfg.head_dim}, block {block(cfg) or 'default'}); change model.n_heads or model.d_head, or use "
-            "tiled",
+            f"dim {cfg.head_dim}, block {block(cfg) or 'default'}); change model.n_heads or "
+            "model.d_head, or use tiled",
         )  # fmt: skip
     if cfg.attention_impl in ("kernel", "auto") and kernel.backend_of() == "mosaic":
         if (block(cfg) or 128) % 128:
@@ -86,17 +86,16 @@ def path(cfg: Any, q_len: int, k_len: int, mask: Any, split: bool) -> str:
             fail("model.attention_impl", impl, f"{why}; use tiled (or auto, which takes it there)")
         _say_tiled(why)
         return "tiled"
-    if (
-        impl == "auto"
-        and kernel.backend_of() == "mosaic"
-        and (why := _beyond_vmem(cfg, q_len, k_len))
-    ):
-        _say_tiled(why)
-        return "tiled"
     if mask is None and not split and fusable(cfg):
-        if impl == "kernel" or kernel.backend_of() == "mosaic":
+        backend = kernel.backend_of()
+        if impl == "kernel":
             return "kernel"
-        if kernel.backend_of() == "triton" and faster.measured_faster(
+        if backend == "mosaic":
+            if why := _beyond_vmem(cfg, q_len, k_len):
+                _say_tiled(why)
+                return "tiled"
+            return "kernel"
+        if backend == "triton" and faster.measured_faster(
             ops_backend.device_kind(), cfg.position, q_len
         ):
             return "kernel"

@@ -24,7 +24,7 @@ import time
 
 import jax
 
-from relpos_jax.ops.backend import GPU_SHARED_MEMORY
+from relpos_jax.ops import backend
 
 SPILL_BUDGET = 2048  # bytes a thread may spill before a kernel counts as register-bound
 
@@ -55,9 +55,9 @@ class Compiled:
 
     def problems(self) -> list[str]:
         """Why this kernel would not run as it should on its chip (empty: it would)."""
-        out = []
-        if self.shared > GPU_SHARED_MEMORY[self.arch]:
-            out.append(f"shared memory {self.shared:,} B > {GPU_SHARED_MEMORY[self.arch]:,} B")
+        out, capacity = [], backend.gpu_shared_memory(self.arch)
+        if self.shared > capacity:
+            out.append(f"shared memory {self.shared:,} B > {capacity:,} B")
         if self.spilled > SPILL_BUDGET:
             out.append(f"spills {self.spilled:,} B a thread > {SPILL_BUDGET:,} B")
         if self.early_reads:
