@@ -57,10 +57,6 @@ class PositionContext(NamedTuple):
         )
 
 
-def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    return precision.einsum(spec, a, b, out_dtype=jnp.float32)
-
-
 @functools.cache
 def toeplitz_index(rows: int, keys: int) -> np.ndarray:
     """``[I, J]``: where pair (i, j) of a tile, at distance ``δ + i − j``, reads the row of its
@@ -79,9 +75,9 @@ def tiled_hooks(cfg: ModelConfig, memory: int):
     it follows from the positions (``q_start`` is set as if the tile's first query were the
     segment's first, after ``memory`` slots). Cached per (config, memory): the same callables, so
     ``attend`` compiles once."""
-    scheme, base = schemes.get(cfg.position), schemes.Scheme
+    scheme = schemes.get(cfg.position)
     overrides = {
-        hook: getattr(type(scheme), hook) is not getattr(base, hook)
+        hook: schemes.overrides(scheme, hook)
         for hook in ("content_query", "score_term", "bias", "value_term", "band_rows")
     }
     band = overrides.pop("band_rows")  # the score term as a band (``attention.band``)
@@ -287,7 +283,7 @@ class Attention(nnx.Module):
         is the layer's (``_context``)."""
         scheme, tile = self.scheme, ctx.tile()
         content_q = scheme.content_query(self, q, context)
-        logits = _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
+        logits = precision.logits(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
         term = scheme.score_term(self, q, k, tile, context)
         if term is not None:
             logits = logits + term
@@ -309,7 +305,7 @@ class Attention(nnx.Module):
         k = jnp.broadcast_to(k_NH, (1, k_len, n, h))
         if self.kv_layout == "bnhk":
             k = k.transpose(0, 2, 3, 1)
-        content = self.scale * _logits_einsum(f"bqnh,{self.kv_layout}->bnqk", q, k)
+        content = self.scale * precision.logits(f"bqnh,{self.kv_layout}->bnqk", q, k)
         logits = self._logits(*self._rotate(q, k, ctx), ctx, self._context(ctx, q.dtype))
         if not self.scheme.content_carries_positions:
             logits = logits - content

@@ -43,10 +43,6 @@ DENSE_KEYS = 4096  # auto on a CPU: dense up to this window, tiled beyond
 INTERPRET_BACKEND = "triton"  # which kernel variant a CPU interprets
 
 
-def _overrides(scheme: schemes.Scheme, hook: str) -> bool:
-    return getattr(type(scheme), hook) is not getattr(schemes.Scheme, hook)
-
-
 def block(cfg: Any) -> int | None:
     """Queries and keys per kernel block: ``model.kernel_block``, or None for the kernels' default
     (on a GPU the largest whose kernels fit its shared memory: ``kernel.fit``; on a TPU 128)."""
@@ -110,8 +106,8 @@ def _beyond_vmem(cfg: Any, q_len: int, k_len: int) -> str | None:
     value table)."""
     capacity = ops_backend.tpu_vmem_bytes()
     scheme = schemes.get(cfg.position)
-    terms = fit.terms_of(_overrides(scheme, "band_rows") or _overrides(scheme, "distance_tables"),
-                         _overrides(scheme, "distance_tables"), _overrides(scheme, "bias"), False)  # fmt: skip
+    terms = fit.terms_of(schemes.overrides(scheme, "band_rows") or schemes.overrides(scheme, "distance_tables"),
+                         schemes.overrides(scheme, "distance_tables"), schemes.overrides(scheme, "bias"), False)  # fmt: skip
     size = jnp.dtype(cfg.dtype).itemsize
     need = fit.mosaic_vmem_bytes(terms, q_len, k_len, cfg.head_dim, size)
     if capacity is None or fit.fits_vmem(terms, q_len, k_len, cfg.head_dim, size, capacity):
@@ -136,7 +132,9 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
     scheme, scale = attention.scheme, attention.scale
     count = ctx.k_pos.shape[0]
     out = {"q": scheme.content_query(attention, q_BTNH, context)}
-    if _overrides(scheme, "band_rows"):  # rows for distances count − 1 down: ascending, heads first
+    if schemes.overrides(
+        scheme, "band_rows"
+    ):  # rows for distances count − 1 down: ascending, heads first
         rows = scheme.band_rows(attention, context, count - 1, count)
         out["a"] = scheme.band_query(attention, q_BTNH, context) * jnp.asarray(scale, q_BTNH.dtype)
         out["logit_rows"] = jnp.transpose(rows[::-1], (1, 0, 2))
@@ -149,7 +147,9 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
     if "fire" in extra:  # FIRE: not a table, evaluated per tile
         out["fire_rows"] = fire_term.pack(**extra["fire"])
         out["fire_hidden"] = extra["fire"]["w1"].shape[0]
-    elif _overrides(scheme, "bias"):  # the last position against the window: distances K − 1 … 0
+    elif schemes.overrides(
+        scheme, "bias"
+    ):  # the last position against the window: distances K − 1 … 0
         bias = scheme.bias(attention, Tile(ctx.k_pos[-1:], ctx.k_pos, count - 1, 0), context)
         out["bias_rows"] = jnp.broadcast_to(bias, (attention.config.n_heads, 1, count))[:, 0, ::-1]
     return out

@@ -40,6 +40,11 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
     return _mixed(spec, out_dtype, a.astype(compute), b.astype(compute))
 
 
+def logits(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``einsum`` with a float32 result (at least): attention logits, whatever the inputs' dtype."""
+    return einsum(spec, a, b, out_dtype=jnp.float32)
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **_):
     """A ``dot_general`` for ``nnx.Linear`` (the last axis of ``lhs`` with the first of ``rhs``)."""
     (contract_lhs, contract_rhs), batch = dimension_numbers

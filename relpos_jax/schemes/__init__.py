@@ -8,7 +8,15 @@ name no scheme.
 import importlib
 import pkgutil
 
-from relpos_jax.schemes.base import Scheme, Tile, get, names, normal_param, register
+from relpos_jax.schemes.base import (
+    Scheme,
+    Tile,
+    get,
+    names,
+    normal_param,
+    overrides,
+    register,
+)
 
 # The order of ``names()`` (tables, sweeps): the classic schemes as the comparisons list them, then
 # every other module of the folder in alphabetical order.
@@ -17,4 +25,4 @@ _OTHERS = sorted({m.name for m in pkgutil.iter_modules(__path__)} - {*CLASSIC, "
 for _module in (*CLASSIC, *_OTHERS):
     importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["Scheme", "Tile", "get", "names", "normal_param", "register"]
+__all__ = ["Scheme", "Tile", "get", "names", "normal_param", "overrides", "register"]

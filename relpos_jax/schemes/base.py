@@ -166,6 +166,11 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     return cls
 
 
+def overrides(scheme: Scheme, hook: str) -> bool:
+    """Whether ``scheme`` gives its own ``hook`` (else it adds nothing there: ``Scheme``'s)."""
+    return getattr(type(scheme), hook) is not getattr(Scheme, hook)
+
+
 def names() -> tuple[str, ...]:
     """Every registered scheme, in registration order."""
     return tuple(_REGISTRY)

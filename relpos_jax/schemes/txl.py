@@ -20,10 +20,6 @@ from relpos_jax.ops import precision
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
 
-def _logits_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    return precision.einsum(spec, a, b, out_dtype=jnp.float32)
-
-
 @register
 class TransformerXL(Scheme):
     name = "txl"
@@ -81,7 +77,7 @@ class TransformerXL(Scheme):
         need (all of ``r_K`` for the whole window), scored against ``q + v`` and shifted."""
         r_LNH = self._band(context["r_KNH"], tile)
         band = P.rel_shift(
-            _logits_einsum("binh,lnh->bnil", self.band_query(attention, q_BINH, context), r_LNH)
+            precision.logits("binh,lnh->bnil", self.band_query(attention, q_BINH, context), r_LNH)
         )
         return band[..., : tile.shape[1]]
 
