@@ -23,6 +23,10 @@ records whether it did (``cache_hit``), so that no cached load reads as a compil
   then the kernels of t5, alibi, kerple, shaw and fire, and alibi through cuDNN, at the longest T.
 * ``profile``: the base step under ``jax.profiler.trace``, its device time by kind of kernel and
   by phase (``bench.gpu_profile``).
+* ``kernels`` (``bash bench/gpu.sh --kernels``): the attention layer of ``attention`` over lengths
+  and memories, T = 1k … 32k, memory 0, 512 and 4,096: txl through the kernels and the tiled path,
+  rope through the kernels and (no memory: its causal mask assumes none) cuDNN; B·T fixed. The
+  cells at T = 8k first, then the other lengths, so that a table stopped early keeps them.
 
 ``--quick`` checks that everything compiles and runs: fewer rows and steps at small sizes; on a CPU
 every table runs at ``SIZES["tiny"]`` (the Pallas kernels interpreted, MFU blank, cuDNN skipped).
@@ -42,7 +46,7 @@ import time
 from bench.gpu_step import Step, enable_cache, run_steps
 from bench.measure import SIZES, commit
 
-TABLES = ("training", "depth", "attention", "profile")
+TABLES = ("training", "depth", "attention", "profile", "kernels")
 QUICK_GPU = dict(layers=2, d_model=256, heads=4, d_ff=1024, seg=256, mem=256, batch=8)
 ATTENTION = dict(layers=1, d_model=512, heads=8, d_ff=2048, seg=0, mem=0, batch=1)
 TOKENS = 16384  # B·T of the attention table
@@ -153,10 +157,39 @@ def attention_row(spec: dict, quick: bool) -> dict:
     if spec["impl"] == "cudnn" and on_cpu():
         return {"outcome": "skipped: cuDNN runs on a GPU only"}
     warmup, repeats = (1, 3) if quick else (3, 10)
-    cell = dict(spec, memory=0, dtype="bfloat16", warmup=warmup, repeats=repeats)
+    cell = dict(spec, memory=spec.get("memory", 0), dtype="bfloat16", warmup=warmup,
+                repeats=repeats)  # fmt: skip
     result = fused_attention.compute(cell)
     return {"ms": 1e3 * result["seconds"], "tflops": result["tflops"], "warmup": warmup,
             "repeats": repeats, "interpreted": result["interpreted"]}  # fmt: skip
+
+
+KERNEL_LENGTHS, KERNEL_MEMORIES = (8192, 1024, 4096, 16384, 32768), (0, 512, 4096)
+
+
+def kernels_rows(quick: bool) -> list[dict]:
+    cpu = on_cpu()
+    if cpu or quick:
+        size = dict(SIZES["tiny"], layers=1, seg=0, mem=0) if cpu else ATTENTION
+        lengths, memories = ((32,), (0, 16)) if cpu else ((1024,), (0, 512))
+    else:
+        size, lengths, memories = ATTENTION, KERNEL_LENGTHS, KERNEL_MEMORIES
+    tokens = 2 * lengths[0] if cpu else TOKENS
+    cells = []
+    for length in lengths:
+        for memory in memories:
+            impls = [("txl", "kernel"), ("txl", "tiled"), ("rope", "kernel")]
+            impls += [("rope", "cudnn")] if memory == 0 else []  # its causal mask assumes none
+            cells += [(scheme, impl, length, memory) for scheme, impl in impls]
+    return [
+        dict(name=f"{scheme} {impl} T={length} M={memory}", scheme=scheme, impl=impl,
+             length=length, memory=memory, batch=max(1, tokens // length), size=size)
+        for scheme, impl, length, memory in cells
+    ]  # fmt: skip
+
+
+def kernels_row(spec: dict, quick: bool) -> dict:
+    return attention_row(spec, quick)
 
 
 def profile_rows(quick: bool) -> list[dict]:
@@ -170,9 +203,9 @@ def profile_row(spec: dict, quick: bool) -> dict:
 
 
 ROWS = {"training": training_rows, "depth": depth_rows, "attention": attention_rows,
-        "profile": profile_rows}  # fmt: skip
+        "profile": profile_rows, "kernels": kernels_rows}  # fmt: skip
 MEASURE = {"training": training_row, "depth": depth_row, "attention": attention_row,
-           "profile": profile_row}  # fmt: skip
+           "profile": profile_row, "kernels": kernels_row}  # fmt: skip
 
 
 def first_line(error: BaseException) -> str:

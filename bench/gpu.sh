@@ -3,6 +3,8 @@
 #
 #   bash bench/gpu.sh            # every table, under 8 minutes: results in ${OUT:-docs/results}
 #   bash bench/gpu.sh --quick    # everything compiles and runs, under 3 minutes: ${OUT:-/tmp/relpos_gpu_quick}
+#   bash bench/gpu.sh --kernels  # the kernel tests, then the kernels over T = 1k … 32k and memory
+#                                # 0 … 4,096 against tiled and cuDNN, under 8 minutes: gpu_kernels.*
 #
 # 1. If .whl/ holds wheels (bash bench/gpu_wheels.sh fills it where pip reaches the index), installs
 #    them with pip --no-index into /tmp/site; relpos_jax runs from this checkout (PYTHONPATH).
@@ -18,17 +20,21 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-QUICK=""
-if [ "${1:-}" = "--quick" ]; then QUICK="--quick"; fi
-if [ -n "$QUICK" ]; then
+QUICK="" MODE=full NAME=gpu TABLES="training depth profile attention"
+if [ "${1:-}" = "--quick" ]; then QUICK="--quick" MODE=quick; fi
+if [ "${1:-}" = "--kernels" ]; then MODE=kernels NAME=gpu_kernels TABLES="kernels"; fi
+if [ "$MODE" = quick ]; then
   DIR=${OUT:-/tmp/relpos_gpu_quick}; BUDGET=${GPU_BENCH_BUDGET:-170}
   CAPS="training:90 depth:60 profile:45 attention:60"
+elif [ "$MODE" = kernels ]; then
+  DIR=${OUT:-docs/results}; BUDGET=${GPU_BENCH_BUDGET:-470}
+  CAPS="kernel_tests:170 kernels:300"
 else
   DIR=${OUT:-docs/results}; BUDGET=${GPU_BENCH_BUDGET:-470}
   CAPS="training:240 depth:110 profile:60 attention:130 kernel_tests:150"
 fi
 mkdir -p "$DIR"
-JSON=$DIR/gpu.json LOG=$DIR/gpu.log
+JSON=$DIR/$NAME.json LOG=$DIR/$NAME.log
 rm -f "$JSON" "$LOG" /tmp/gpu_bench_*.log
 start=$SECONDS
 say() { echo "[gpu.sh $((SECONDS - start)) s] $*" | tee -a "$LOG"; }
@@ -43,7 +49,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
-export GPU_BENCH_COMMAND="bash bench/gpu.sh${QUICK:+ $QUICK}"
+export GPU_BENCH_COMMAND="bash bench/gpu.sh${1:+ $1}"
 if ! $PY -c "import relpos_jax.data" >/tmp/gpu_bench_import.log 2>&1; then
   # The carried protobuf, only where the image's cannot load the carried generated code.
   if compgen -G ".whl/extra/*.whl" >/dev/null; then
@@ -87,19 +93,24 @@ run_table() {  # run_table NAME COMMAND...: under its time limit; what went wron
   say "$name: done in $((SECONDS - t0)) s (exit $rc)"
 }
 
-for table in training depth profile attention; do
-  run_table "$table" $PY -m bench.gpu --table "$table" --json "$JSON" $QUICK
-done
-if [ -z "$QUICK" ]; then
+run_kernel_tests() {
   # XLA_FLAGS set (even empty): tests/conftest.py's XLA:CPU settings stay off the device.
+  # the compiled kernels (not the interpreted variants, which a CPU test run covers)
   run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -q -p no:cacheprovider \
-    tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py
+    -k "not interpreted" tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py
   summary=$(grep -s -E "[0-9]+ (passed|failed|errors?)" /tmp/gpu_bench_kernel_tests.log | tail -n1 | cut -c1-300)
   if [ -n "$summary" ]; then
     $PY -m bench.gpu --record kernel_tests --outcome "$summary" --json "$JSON"
   fi
-fi
-$PY -m bench.gpu_render --json "$JSON" --out "$DIR/gpu.md" \
+}
+
+# the kernels' correctness first where they are the subject; after the tables otherwise
+[ "$MODE" = kernels ] && run_kernel_tests
+for table in $TABLES; do
+  run_table "$table" $PY -m bench.gpu --table "$table" --json "$JSON" $QUICK
+done
+[ "$MODE" = full ] && run_kernel_tests
+$PY -m bench.gpu_render --json "$JSON" --out "$DIR/$NAME.md" \
   --faster relpos_jax/attention/kernel/faster.json 2>&1 | tee -a "$LOG"
 [ "$DIR" = docs/results ] || cp relpos_jax/attention/kernel/faster.json "$DIR/faster.json"
-say "finished; $DIR/gpu.md, $DIR/gpu.json, $DIR/gpu.log"
+say "finished; $DIR/$NAME.md, $DIR/$NAME.json, $DIR/$NAME.log"

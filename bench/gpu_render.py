@@ -282,13 +282,45 @@ def profile(results: dict) -> list[str]:
     return lines
 
 
+def kernels(results: dict) -> list[str]:
+    rows = _rows(results, "kernels")
+    if "kernels" not in results.get("tables", {}):
+        return []
+    lines = _head(results, "kernels", "## The kernels over lengths and memories")
+    if not rows:
+        return lines
+    s = rows[0]
+    lines += [
+        f"`bench.fused_attention.compute`: one layer of d_model {s.get('d_model', '')} "
+        f"({s.get('heads', '')} heads), causal, bf16, B·T fixed, forward and backward in ms "
+        f"(median of {s.get('repeats', '')} after {s.get('warmup', '')}); memory M keys before "
+        "the T queries. cuDNN: rope's projections, no memory.",
+        "",
+        "| T | M | B | txl kernel | txl tiled | rope kernel | cuDNN (rope) | txl kernel / cuDNN |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cells = {(r["scheme"], r["impl"], r["length"], r["memory"]): r for r in rows}
+    keys = sorted({(r["length"], r["memory"]) for r in rows})
+    for length, memory in keys:
+        got = [cells.get((sc, impl, length, memory), {}) for sc, impl in
+               (("txl", "kernel"), ("txl", "tiled"), ("rope", "kernel"))]  # fmt: skip
+        cudnn = cells.get(("rope", "cudnn", length, 0), {})
+        ms = [_f(c.get("ms"), ",.2f") or c.get("outcome", "") for c in (*got, cudnn)]
+        ratio = got[0]["ms"] / cudnn["ms"] if got[0].get("ms") and cudnn.get("ms") else None
+        batch = next((c["batch"] for c in got if "batch" in c), "")
+        lines.append(
+            f"| {length:,} | {memory:,} | {batch} | {' | '.join(ms)} | {_f(ratio, '.2f')} |"
+        )
+    return [*lines, ""]
+
+
 def kernel_tests(results: dict) -> list[str]:
     entry = results.get("tables", {}).get("kernel_tests")
     if entry is None:
         return []
     return ["## Kernel tests on the device", "",
-            f"`pytest tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py`: "
-            f"{entry.get('outcome', '')}", ""]  # fmt: skip
+            '`pytest -k "not interpreted" tests/kernel_vs_reference_test.py '
+            f'tests/kernel_vs_tiled_test.py`: {entry.get("outcome", "")}', ""]  # fmt: skip
 
 
 def render(results: dict) -> str:
@@ -296,8 +328,9 @@ def render(results: dict) -> str:
     lines = [
         "# relpos_jax on an accelerator",
         "",
-        "Written by `bash bench/gpu.sh` from `gpu.json` (`python -m bench.gpu_render`); every "
-        "number is this run's measurement, except the reference row marked as published.",
+        "Written by `bash bench/gpu.sh` from the JSON beside this file (`python -m "
+        "bench.gpu_render`); every number is this run's measurement, except the reference row "
+        "marked as published.",
         "",
         f"Device: {m.get('device', '?')} ({m.get('backend', '?')}, {m.get('device_count', '?')} "
         f"device(s)); jax {m.get('jax', '?')}, jaxlib {m.get('jaxlib', '?')}, flax {m.get('flax', '?')}, "
@@ -308,10 +341,14 @@ def render(results: dict) -> str:
     if m.get("quick"):
         lines += ["**Quick run** (`--quick`): small sizes and few steps, to check that everything "
                   "compiles and runs; not the benchmark's numbers.", ""]  # fmt: skip
-    lines += ["## Targets", "", "| target | measured | status |", "|---|---|---|"]
-    lines += [f"| {t} | {seen} | {status} |" for t, seen, status in targets(results)]
-    lines.append("")
-    for section in (training, depth, attention, profile, kernel_tests):
+    if {"training", "attention"} & set(results.get("tables", {})):  # not --kernels
+        lines += ["## Targets", "", "| target | measured | status |", "|---|---|---|"]
+        lines += [f"| {t} | {seen} | {status} |" for t, seen, status in targets(results)]
+        lines.append("")
+    sections = (training, depth, attention, profile, kernels, kernel_tests)
+    if not {"training", "attention"} & set(results.get("tables", {})):  # --kernels
+        sections = (kernels, kernel_tests)
+    for section in sections:
         lines += section(results)
     return "\n".join(lines).rstrip() + "\n"
 

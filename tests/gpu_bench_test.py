@@ -233,3 +233,27 @@ def test_where_the_kernels_won_is_recorded_only_when_their_tests_passed(tmp_path
     measured["tables"]["kernel_tests"]["outcome"] = "2 failed, 34 passed in 80.1s"
     assert gpu_render.faster(measured) == {}
     assert gpu_render.faster(results(quick=True)) == {}
+
+
+def test_the_kernels_table_starts_at_8k_and_runs_cudnn_without_memory_only(monkeypatch):
+    monkeypatch.setattr(gpu, "on_cpu", lambda: False)
+    rows = gpu.kernels_rows(quick=False)
+    assert rows[0]["length"] == 8192 and {r["length"] for r in rows} == set(gpu.KERNEL_LENGTHS)
+    assert {r["memory"] for r in rows if r["impl"] == "cudnn"} == {0}
+    assert len(rows) == len(gpu.KERNEL_LENGTHS) * (3 * len(gpu.KERNEL_MEMORIES) + 1)
+    assert all(r["batch"] * r["length"] == max(gpu.TOKENS, r["length"]) for r in rows)
+
+
+def test_a_kernels_run_renders_its_tables_only():
+    kernel = {"scheme": "txl", "impl": "kernel", "length": 8192, "memory": 512, "batch": 2,
+              "outcome": "ok", "ms": 3.0, "d_model": 512, "heads": 8}  # fmt: skip
+    cudnn = dict(kernel, scheme="rope", impl="cudnn", memory=0, ms=2.0)
+    text = gpu_render.render({
+        "meta": META, "tables": {
+            "kernels": {"outcome": "ok", "rows": [kernel, cudnn]},
+            "kernel_tests": {"outcome": "40 passed in 90.0s", "rows": []},
+        },
+    })  # fmt: skip
+    assert "## Targets" not in text and "## Training step" not in text
+    assert "| 8,192 | 512 | 2 | 3.00 |" in text and "1.50 |" in text  # against cuDNN at 8k
+    assert "40 passed" in text
