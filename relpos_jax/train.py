@@ -12,7 +12,6 @@ import contextlib
 import functools
 import pathlib
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -21,7 +20,6 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils  # no stable replacement yet
-from tqdm import tqdm
 
 from relpos_jax import data as data_lib
 from relpos_jax import sharding, train_step
@@ -30,8 +28,8 @@ from relpos_jax.config import Config
 from relpos_jax.errors import accelerator_error
 from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import init_mems
-from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
 from relpos_jax.model import TransformerLM
+from relpos_jax.progress import Progress, last_logged
 from relpos_jax.train_step import jitted_train_step
 
 
@@ -74,16 +72,6 @@ class _StopSignals:
         if flags.any() and self.name is None:
             self.name = "SIGTERM (another process)"
         return bool(flags.any())
-
-
-def _last_logged(workdir: pathlib.Path, key: str) -> float | None:
-    """The last value of ``key`` in metrics.jsonl (a resumed run that had no step left to do)."""
-    values = [m[key] for m in read_metrics(workdir) if key in m]
-    return values[-1] if values else None
-
-
-def _valid_metrics(valid: dict) -> dict[str, float]:
-    return {"valid/bpc": valid["bpc"], "valid/ppl": valid["ppl"], "valid/loss": valid["loss"]}
 
 
 class Trainer:
@@ -133,6 +121,7 @@ class Trainer:
         self.resumed_from = self._restore()
         self.stopped_by: str | None = None
         self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
+        self._unchecked = None  # (step, metrics) of the newest step, checked once the next is queued
 
     def _sharded_state(self):
         """Abstract shapes first, then a jitted init whose outputs are born sharded."""
@@ -242,100 +231,80 @@ class Trainer:
 
     def _run(self, stop_after: int | None, signals: _StopSignals) -> dict[str, Any] | None:
         cfg = self.config.train
-        writer = MetricsWriter(self.workdir, enabled=self.is_main)
         tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
-        # A terminal gets a redrawn bar; a log file (stderr not a terminal) one plain line per log
-        # step instead of a redraw per step.
-        interactive = sys.stderr.isatty()
-        bar = tqdm(
-            total=cfg.steps,
-            initial=self.step,
-            disable=not self.is_main or not interactive,
-            unit="step",
-            dynamic_ncols=True,
-            desc="train",
-        )
-        window_start, window_steps, last = time.perf_counter(), 0, {}
+        progress = Progress(self.workdir, steps=cfg.steps, initial=self.step,
+                            tokens_per_step=tokens_per_step, enabled=self.is_main)  # fmt: skip
         run_start, first_step = time.perf_counter(), self.step
-        unchecked = None  # (step, metrics) of the newest step, checked once the next is queued
-
-        def settle():  # no checkpoint, evaluation or log before the last step is known finite
-            nonlocal unchecked
-            if unchecked is not None:
-                self._check_finite(*unchecked, bar)
-                unchecked = None
-
         while self.step < cfg.steps:
-            stop = stop_after is not None and self.step >= stop_after
-            if stop or signals.received(every=cfg.log_every, step=self.step):
-                settle()
-                bar.close()
-                self.save()
-                self.checkpointer.wait()
-                writer.close()
-                self.stopped_by = signals.name or f"stop_after={stop_after}"
-                return None
-            batch = sharding.global_batch(next(self.iterator), self.mesh)
-            self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
-            self.step += 1
-            settle()  # the previous step: done by now, as the new one needed its state
-            unchecked = (self.step, metrics)
-            window_steps += 1
-            bar.update(1)
+            if stop_after is not None and self.step >= stop_after:
+                return self._stop(progress, f"stop_after={stop_after}")
+            if signals.received(every=cfg.log_every, step=self.step):
+                return self._stop(progress, signals.name)
+            metrics = self._step(progress.bar)
+            progress.stepped()
             if self.step == first_step + 1:  # the first step compiled: time from here on
                 jax.block_until_ready(metrics["loss"])
-                window_start, window_steps = time.perf_counter(), 0
-            log_now = self.step % cfg.log_every == 0 or self.step == cfg.steps
-            eval_now = cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps
-            if log_now or eval_now or (cfg.ckpt_every and self.step % cfg.ckpt_every == 0):
-                settle()
-            if log_now:
-                loss = _scalar(metrics["loss"])
-                elapsed = time.perf_counter() - window_start
-                last = {
-                    "train/loss": loss,
-                    "train/bpc": loss * BITS_PER_NAT,
-                    "train/grad_norm": _scalar(metrics["grad_norm"]),
-                    "train/skipped_steps": int(_scalar(metrics["skipped"])),
-                    "tokens_per_sec": window_steps * tokens_per_step / elapsed,
-                }
-                writer.write(self.step, last)
-                bar.set_postfix(
-                    loss=f"{loss:.3f}",
-                    bpc=f"{last['train/bpc']:.3f}",
-                    tok_s=f"{last['tokens_per_sec']:,.0f}",
-                )
-                if self.is_main and not interactive:
-                    print(
-                        f"step {self.step}/{cfg.steps}: loss {loss:.3f}, bpc "
-                        f"{last['train/bpc']:.3f}, {last['tokens_per_sec']:,.0f} tokens/s",
-                        flush=True,
-                    )
-                window_start, window_steps = time.perf_counter(), 0
-            if eval_now:
-                valid = self.validate(cfg.eval_tokens)
-                writer.write(self.step, _valid_metrics(valid))
-                bar.write(
-                    f"step {self.step}: valid bpc {valid['bpc']:.4f}, ppl {valid['ppl']:.2f} "
-                    f"({valid['tokens']:,} tokens)"
-                )
-                window_start, window_steps = time.perf_counter(), 0
-            if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
-                self.save()
-        settle()
-        bar.close()
+                progress.restart()
+            self._periodic(progress, metrics)
+        return self._finish(progress, run_start)
+
+    def _step(self, bar) -> dict[str, jax.Array]:
+        """One training step; the previous one's finiteness checked once this one is queued."""
+        batch = sharding.global_batch(next(self.iterator), self.mesh)
+        self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
+        self.step += 1
+        self._settle(bar)  # the previous step: done by now, as the new one needed its state
+        self._unchecked = (self.step, metrics)
+        return metrics
+
+    def _settle(self, bar) -> None:
+        """Check the newest step's finiteness: before any checkpoint, evaluation or log."""
+        if self._unchecked is not None:
+            self._check_finite(*self._unchecked, bar)
+            self._unchecked = None
+
+    def _periodic(self, progress: Progress, metrics: dict[str, jax.Array]) -> None:
+        """The log line, the validation and the checkpoint that fall on this step."""
+        cfg = self.config.train
+        log_now = self.step % cfg.log_every == 0 or self.step == cfg.steps
+        eval_now = cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps
+        save_now = cfg.ckpt_every and self.step % cfg.ckpt_every == 0
+        if log_now or eval_now or save_now:
+            self._settle(progress.bar)
+        if log_now:
+            progress.log(self.step, _scalar(metrics["loss"]), _scalar(metrics["grad_norm"]),
+                         int(_scalar(metrics["skipped"])))  # fmt: skip
+        if eval_now:
+            progress.validated(self.step, self.validate(cfg.eval_tokens))
+        if save_now:
+            self.save()
+
+    def _stop(self, progress: Progress, reason: str) -> None:
+        """End early with a checkpoint (``stop_after``, SIGTERM or SIGINT): the same command
+        resumes here."""
+        self._settle(progress.bar)
+        progress.bar.close()
+        self.save()
+        self.checkpointer.wait()
+        progress.writer.close()
+        self.stopped_by = reason
+
+    def _finish(self, progress: Progress, run_start: float) -> dict[str, Any]:
+        """The last checkpoint and the validation of the whole split: the run's summary."""
+        self._settle(progress.bar)
+        progress.bar.close()
         if self.checkpointer.latest_step() != self.step:
             self.save()
         self.checkpointer.wait()
         valid = self.validate(None)
-        writer.write(self.step, _valid_metrics(valid))
-        writer.close()
+        progress.validated(self.step, valid, say=False)
+        progress.writer.close()
         summary = {
             "step": self.step,
             "valid_bpc": valid["bpc"],
             "valid_ppl": valid["ppl"],
             "valid_tokens": valid["tokens"],
-            "train_bpc": last.get("train/bpc", _last_logged(self.workdir, "train/bpc")),
+            "train_bpc": progress.last.get("train/bpc", last_logged(self.workdir, "train/bpc")),
             "seconds": time.perf_counter() - run_start,
             "skipped_steps": self.skipped_steps(),
             "parameters": sum(
