@@ -64,7 +64,10 @@ def _unit(spec: Spec, ref, h):
     n = hidden_units(spec)
     row = ref[...]
     lanes = jax.lax.broadcasted_iota(jnp.int32, row.shape, 1)
-    pick = lambda k: jnp.sum(jnp.where(lanes == HIDDEN_AT + k * n + h, row, 0.0), 1, keepdims=True)  # noqa: E731
+
+    def pick(k: int) -> jax.Array:
+        return jnp.sum(jnp.where(lanes == HIDDEN_AT + k * n + h, row, 0.0), 1, keepdims=True)
+
     return pick(0), pick(1), pick(2)
 
 
