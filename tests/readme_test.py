@@ -1,0 +1,47 @@
+"""The README as a front door: short, every link resolving, its leaderboard rows the leaderboard's,
+its library example running, and its scheme the scheme's file, whole."""
+
+from __future__ import annotations
+
+import re
+
+from tests.helpers import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+
+
+def test_the_readme_is_a_front_door():
+    assert len(README.splitlines()) < 150
+    for section in ("## Two commands", "## Results", "## As a library", "## Add a scheme"):
+        assert section in README
+
+
+def test_every_link_of_the_readme_and_the_docs_resolves():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if not target.startswith("http"):
+                assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_its_leaderboard_rows_are_the_leaderboards():
+    leaderboard = (ROOT / "docs/results/README.md").read_text().splitlines()
+    rows = [line for line in README.splitlines() if line.startswith("| ") and "±" in line]
+    assert len(rows) == 6
+    assert all(row in leaderboard for row in rows)
+
+
+def test_its_scheme_is_the_file_whole():
+    [scheme] = [block for block in _blocks("python") if "@register" in block]
+    source = (ROOT / "relpos_jax/schemes/alibi.py").read_text()
+    assert scheme in source
+
+
+def test_its_library_example_runs():
+    [example] = [block for block in _blocks("python") if "TransformerLM(" in block]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert namespace["tokens"].shape == (1, 20)  # the new tokens
