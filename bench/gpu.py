@@ -188,10 +188,6 @@ def kernels_rows(quick: bool) -> list[dict]:
     ]  # fmt: skip
 
 
-def kernels_row(spec: dict, quick: bool) -> dict:
-    return attention_row(spec, quick)
-
-
 def profile_rows(quick: bool) -> list[dict]:
     return [dict(name="base", size=quick_size() if quick else SIZES["base"], impl="dense")]
 
@@ -205,7 +201,7 @@ def profile_row(spec: dict, quick: bool) -> dict:
 ROWS = {"training": training_rows, "depth": depth_rows, "attention": attention_rows,
         "profile": profile_rows, "kernels": kernels_rows}  # fmt: skip
 MEASURE = {"training": training_row, "depth": depth_row, "attention": attention_row,
-           "profile": profile_row, "kernels": kernels_row}  # fmt: skip
+           "profile": profile_row, "kernels": attention_row}  # fmt: skip
 
 
 def first_line(error: BaseException) -> str:

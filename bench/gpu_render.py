@@ -341,13 +341,12 @@ def render(results: dict) -> str:
     if m.get("quick"):
         lines += ["**Quick run** (`--quick`): small sizes and few steps, to check that everything "
                   "compiles and runs; not the benchmark's numbers.", ""]  # fmt: skip
-    if {"training", "attention"} & set(results.get("tables", {})):  # not --kernels
+    sections = (kernels, kernel_tests)  # bash bench/gpu.sh --kernels
+    if {"training", "attention"} & set(results.get("tables", {})):  # the whole benchmark
         lines += ["## Targets", "", "| target | measured | status |", "|---|---|---|"]
         lines += [f"| {t} | {seen} | {status} |" for t, seen, status in targets(results)]
         lines.append("")
-    sections = (training, depth, attention, profile, kernels, kernel_tests)
-    if not {"training", "attention"} & set(results.get("tables", {})):  # --kernels
-        sections = (kernels, kernel_tests)
+        sections = (training, depth, attention, profile, kernels, kernel_tests)
     for section in sections:
         lines += section(results)
     return "\n".join(lines).rstrip() + "\n"

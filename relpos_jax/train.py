@@ -121,7 +121,9 @@ class Trainer:
         self.resumed_from = self._restore()
         self.stopped_by: str | None = None
         self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
-        self._unchecked = None  # (step, metrics) of the newest step, checked once the next is queued
+        self._unchecked = (
+            None  # (step, metrics) of the newest step, checked once the next is queued
+        )
 
     def _sharded_state(self):
         """Abstract shapes first, then a jitted init whose outputs are born sharded."""

@@ -147,3 +147,9 @@ def test_the_shipped_table_of_measured_gpus_is_what_bench_gpu_wrote():
     assert "bench.gpu_render --faster" in table["about"]
     for kind, schemes in table["devices"].items():
         assert kind.startswith("NVIDIA") and all(isinstance(v, dict) for v in schemes.values())
+
+
+def test_the_cubin_term_sets_are_fits_keys():
+    """``kernel.cubin.TERMS`` names each scheme family's terms as ``fit`` keys them (its order)."""
+    for terms in cubin.TERMS.values():
+        assert fit.terms_of(*(t in terms for t in fit.TERMS)) == terms

@@ -162,13 +162,13 @@ def _check_shared_memory(cfg: Any, terms: dict) -> None:
         return
     key = fit.terms_of("logit_rows" in terms, "value_rows" in terms, "bias_rows" in terms,
                        "fire_rows" in terms)  # fmt: skip
-    size, capacity = terms["q"].dtype.itemsize, ops_backend.gpu_shared_memory()
-    if not fit.fits(key, cfg.kernel_block, cfg.head_dim, size, ops_backend.gpu_capability()):
+    dtype = terms["q"].dtype
+    if over := fit.oversized(key, cfg.kernel_block, cfg.head_dim, dtype.itemsize):
+        capacity, fitting = over
         fail(
             "model.kernel_block", cfg.kernel_block,
             f"its kernels need more shared memory than this GPU's {capacity:,} B a block (head dim "
-            f"{cfg.head_dim}, {terms['q'].dtype}); set {fit.block(key, cfg.head_dim, size) or 16}, "
-            "or 0 (the default: the largest that fits)",
+            f"{cfg.head_dim}, {dtype}); set {fitting}, or 0 (the default: the largest that fits)",
         )  # fmt: skip
 
 

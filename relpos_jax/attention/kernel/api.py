@@ -57,12 +57,7 @@ def default_block(backend: str, terms=(), head_dim: int = 64, dtype=jnp.float32,
     (``kernel.fit``; at least 16), on a TPU 128 lanes."""
     if backend != "triton" or interpret:
         return DEFAULT_BLOCK[backend]
-    return fit.block(terms, head_dim, jnp.dtype(dtype).itemsize, _capability()) or 16
-
-
-def _capability() -> int:
-    """The target GPU's compute capability; 9.0 (what Pallas compiles for without a GPU) if none."""
-    return ops_backend.gpu_capability() or 90
+    return fit.block(terms, head_dim, jnp.dtype(dtype).itemsize) or fit.BLOCKS[-1]
 
 
 def supports(head_dim: int, block: int) -> bool:
@@ -115,14 +110,13 @@ def attend(
         backend == "triton"
         and not interpret
         and ops_backend.platform() == "gpu"  # (not when lowered on a CPU host: kernel.cubin)
-        and not fit.fits(terms, block, head_dim, q.dtype.itemsize, _capability())
+        and (over := fit.oversized(terms, block, head_dim, q.dtype.itemsize))
     ):
+        capacity, fitting = over
         raise ValueError(
             f"kernel attention: block={block} at head dim {head_dim} in {q.dtype} needs more "
-            f"shared memory than this GPU's {ops_backend.gpu_shared_memory(_capability()):,} B a "
-            "block; set "
-            f"model.kernel_block={fit.block(terms, head_dim, q.dtype.itemsize) or 16} (or 0: the "
-            "largest that fits)"
+            f"shared memory than this GPU's {capacity:,} B a block; set "
+            f"model.kernel_block={fitting} (or 0: the largest that fits)"
         )
     if not interpret and (why := unavailable(backend)):
         raise ValueError(f"kernel attention: {why}; use the tiled attention")

@@ -94,6 +94,17 @@ def block(terms: tuple[str, ...], head_dim: int, itemsize: int, capability: int 
     return next((s for s in BLOCKS if fits(terms, s, head_dim, itemsize, capability)), None)
 
 
+def oversized(terms: tuple[str, ...], requested: int, head_dim: int, itemsize: int):
+    """``(capacity, fitting block)`` where the kernels of block ``requested`` do not fit the target
+    GPU's shared memory (``capacity`` bytes a block; the largest block that fits, at least 16); None
+    where they do."""
+    capability = backend.gpu_capability() or 90
+    if fits(terms, requested, head_dim, itemsize, capability):
+        return None
+    fitting = block(terms, head_dim, itemsize, capability) or BLOCKS[-1]
+    return backend.gpu_shared_memory(capability), fitting
+
+
 # ---------------------------------------------------------------------------------------- TPU
 
 LANES, SUBLANES = 128, 8
