@@ -121,9 +121,8 @@ class Trainer:
         self.resumed_from = self._restore()
         self.stopped_by: str | None = None
         self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
-        self._unchecked = (
-            None  # (step, metrics) of the newest step, checked once the next is queued
-        )
+        # (step, metrics) of the newest step: checked for finiteness once the next is queued
+        self._unchecked = None
 
     def _sharded_state(self):
         """Abstract shapes first, then a jitted init whose outputs are born sharded."""
