@@ -61,6 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     d.tokens = config_dict.placeholder(str)  # bytes | words | symbols (None: words for wikitext,
     #   else bytes; symbols: enwik8 / text8 numbered as the official code, for its released models)
     d.vocab = config_dict.placeholder(str)  # words: vocabulary file (one per line), not train's
+    d.partition = "dedup"  # pystdlib: dedup (near-duplicates in train, valid ≈ test) | hash (older)
     d.dir = config_dict.placeholder(
         str
     )  # where built datasets live (default ~/.cache/relpos_jax/tfds)

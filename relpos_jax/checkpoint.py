@@ -40,7 +40,7 @@ MUST_MATCH = {
         "untie_r", "pre_norm", "tie_embeddings", "output_bias", "max_len", "shaw_max_distance",
         "t5_num_buckets", "deberta_bucket_size",
     ),
-    "data": ("name", "path", "tokens", "vocab", "segment_len", "batch_size"),
+    "data": ("name", "path", "tokens", "vocab", "partition", "segment_len", "batch_size"),
 }  # fmt: skip
 
 
@@ -76,6 +76,15 @@ def sections(config: Any) -> dict[str, dict[str, Any]]:
         name: {field: getattr(getattr(config, name), field) for field in fields}
         for name, fields in MUST_MATCH.items()
     }
+
+
+def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
+    """What a checkpoint's config held for a field; for pystdlib's partition, which older
+    checkpoints did not record, the one they ran with ("hash"); it means nothing for other corpora."""
+    data = saved.get("data", {})
+    if (section, field) == ("data", "partition"):
+        return data.get(field, "hash") if data.get("name") == "pystdlib" else value
+    return saved.get(section, {}).get(field, value)
 
 
 def _first_line(error: BaseException) -> str:
@@ -208,10 +217,11 @@ class Checkpointer:
             for field, value in values.items():
                 if partial and (section != "model" or field == "mem_len"):
                     continue
-                if field in saved.get(section, {}) and saved[section][field] != value:
+                was = _saved_value(saved, section, field, value)
+                if was != value:
                     raise ConfigError(
                         f"{section}.{field}={value!r} is invalid; {where} was written with "
-                        f"{section}.{field}={saved[section][field]!r}: use that value to resume, "
+                        f"{section}.{field}={was!r}: use that value to resume, "
                         "or another --workdir to start a new run"
                     )
         shapes = _shapes(state)

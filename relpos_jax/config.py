@@ -277,6 +277,7 @@ class DataConfig(_Section):
     dir: str | None
     tokens: str | None
     vocab: str | None
+    partition: str
     segment_len: int
     batch_size: int
 
@@ -285,6 +286,7 @@ class DataConfig(_Section):
 
         try:
             corpora.check_source(self.name, self.tokens)
+            corpora.check_partition(self.partition)
         except corpora.DataError as error:  # the config's own kind of error, the same line
             raise ConfigError(str(error)) from None
         _at_least("data.segment_len", self.segment_len, 1)

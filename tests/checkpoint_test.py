@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from relpos_jax import checkpoint
 from relpos_jax.checkpoint import CheckpointError, latest_step
 from relpos_jax.config import ConfigError
 from relpos_jax.evaluate import restore_model
@@ -210,3 +211,14 @@ def test_evaluation_restores_only_the_model_whatever_the_optimizer(stopped_at_6)
         strict=True,
     ):
         np.testing.assert_array_equal(x, y)
+
+
+def test_pystdlib_checkpoints_from_before_partitions_resume_only_with_the_hash_partition():
+    saved_value = checkpoint._saved_value
+    older = {"data": {"name": "pystdlib"}}  # written before data.partition existed
+    assert saved_value(older, "data", "partition", "dedup") == "hash"
+    newer = {"data": {"name": "pystdlib", "partition": "dedup"}}
+    assert saved_value(newer, "data", "partition", "dedup") == "dedup"
+    other_corpus = {"data": {"name": "text", "partition": "hash"}}  # means nothing there
+    assert saved_value(other_corpus, "data", "partition", "dedup") == "dedup"
+    assert saved_value(older, "model", "d_model", 64) == 64  # a field it did not record

@@ -26,13 +26,15 @@ def open_split(
     data_dir: str | None = None,
     tokens: str | None = None,
     vocab: str | None = None,
+    partition: str = "dedup",
 ) -> TokenStream:
     """The token stream of ``split`` (train / valid / test) of corpus ``name``: bytes, word ids
     (``tokens="words"``, the default for WikiText) or enwik8's / text8's official symbols
-    (``tokens="symbols"``), the latter two with the stream's ``vocabulary``."""
+    (``tokens="symbols"``), the latter two with the stream's ``vocabulary``; ``partition``: how
+    pystdlib's files are divided into the splits."""
     if split not in SPLITS:
         raise DataError(f"split={split!r} is invalid; use one of {SPLITS}")
-    builder = build(name, path, data_dir, tokens=tokens, vocab=vocab)
+    builder = build(name, path, data_dir, tokens=tokens, vocab=vocab, partition=partition)
     source = builder.as_data_source(split)
     if isinstance(builder, WordCorpus):
         return TokenStream(source, CHUNK, "ids", Vocabulary(builder.info.metadata["vocab"]))
@@ -42,7 +44,10 @@ def open_split(
 def open_data(data_config, split: str) -> TokenStream:
     """``open_split`` of ``split`` of the corpus a config's ``data`` section names."""
     d = data_config
-    return open_split(d.name, split, path=d.path, data_dir=d.dir, tokens=d.tokens, vocab=d.vocab)
+    return open_split(
+        d.name, split, path=d.path, data_dir=d.dir, tokens=d.tokens, vocab=d.vocab,
+        partition=d.partition,
+    )  # fmt: skip
 
 
 def check_vocab_size(stream: TokenStream, vocab_size: int) -> None:

@@ -36,6 +36,7 @@ class CorpusConfig(tfds.core.BuilderConfig):
     path: str | None = None
     vocab: str | None = None  # words: a vocabulary file instead of the train-built one
     tokens: str = "bytes"  # bytes | words | symbols (enwik8 / text8 numbered the official way)
+    partition: str = "dedup"  # pystdlib: how its files are divided (corpora.PARTITIONS)
 
 
 def _records(pieces, dtype, size=CHUNK):
@@ -80,7 +81,7 @@ def _pieces(cfg: CorpusConfig, split: str):
         return _tfds_pieces(cfg.corpus[5:], split, cfg.path)
     if cfg.corpus.startswith("probe:"):
         return probes.split_stream(cfg.corpus, split)
-    return corpora.split_stream(cfg.corpus, cfg.path, split)
+    return corpora.split_stream(cfg.corpus, cfg.path, split, cfg.partition)
 
 
 def _records_info(builder, what: str, key: str, dtype, metadata=None) -> tfds.core.DatasetInfo:
@@ -154,9 +155,11 @@ class WordCorpus(tfds.core.GeneratorBasedBuilder):
             yield index, {"ids": record}
 
 
-def config_name(name: str, path: str | None, vocab: str | None = None) -> str:
-    if name == "pystdlib":
-        return corpora.pystdlib_name()
+def config_name(
+    name: str, path: str | None, vocab: str | None = None, partition: str = "dedup"
+) -> str:
+    if name == "pystdlib":  # "hash" keeps the name it had before partitions had names
+        return corpora.pystdlib_name() + ("" if partition == "hash" else f"_{partition}")
     if name.startswith("probe:"):  # the generator's version: a change rebuilds
         return name.replace(":", "_").replace("-", "to") + f"_v{probes.VERSION}"
     if name.startswith("tfds:"):
@@ -190,9 +193,12 @@ def build(
     *,
     tokens: str | None = None,
     vocab: str | None = None,
+    partition: str = "dedup",
 ) -> ByteCorpus | WordCorpus:
-    """The prepared builder of corpus ``name`` (built on first use), byte- or word-level."""
+    """The prepared builder of corpus ``name`` (built on first use), byte- or word-level;
+    ``partition``: how pystdlib's files are divided (``corpora.PARTITIONS``)."""
     corpora.check_source(name, tokens)
+    corpora.check_partition(partition)
     kind = level(name, tokens)
     if name.startswith("probe:"):
         probes.parse(name)  # a one-line error for a malformed probe name
@@ -204,12 +210,13 @@ def build(
         words.read_vocabulary(vocab)  # fail early, in one line
     _quiet()
     config = CorpusConfig(
-        name=config_name(name, path, vocab if word_level else None)
+        name=config_name(name, path, vocab if word_level else None, partition)
         + ("_symbols" if kind == "symbols" else ""),
         corpus=name,
         path=path,
         vocab=vocab if word_level else None,
         tokens=kind,
+        partition=partition,
         version="1.0.0",
     )
     root = str(data_dir or DEFAULT_DIR)  # a string: pathlib would fold gs:// into gs:/

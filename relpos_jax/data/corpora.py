@@ -1,8 +1,12 @@
 """Where the bytes come from: one function per corpus, each giving train / valid / test byte streams.
 
 * ``pystdlib`` — the embedded default: the running Python's standard-library sources (tests
-  excluded), split by file (about 90/5/5, by a stable hash of the relative path). Real, structured text
-  with long-range dependencies, on every machine, no download. The Python version is part of its name.
+  excluded), split by file. Real, structured text with long-range dependencies, on every machine, no
+  download. The Python version is part of its name. ``data.partition`` says how its files are
+  divided: ``dedup`` (the default, ``partition.py``: near-duplicate files all in train, valid and
+  test of equal zlib difficulty, test at least 64 windows of 32,768 bytes) or ``hash`` (about
+  90/5/5 by a stable hash of the relative path, the partition of results recorded before
+  ``dedup``).
 * ``text`` — a file or a folder of ``.txt``-like files (``data.path``), split 90/5/5 by position.
 * ``enwik8`` / ``text8`` — the standard 90M/5M/5M split of the file (or its ``.zip``).
 * ``wikitext103`` / ``wikitext2`` — the user's downloaded folder or ``.zip`` with
@@ -13,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pathlib
 import sys
@@ -20,7 +25,10 @@ import sysconfig
 import zipfile
 from collections.abc import Iterator
 
+from relpos_jax.data import partition
+
 SPLITS = ("train", "valid", "test")
+PARTITIONS = ("dedup", "hash")  # how pystdlib's files are divided (the module docstring)
 STANDARD_SPLIT = {"enwik8": 90_000_000, "text8": 90_000_000}  # train bytes; valid and test 5M each
 WIKITEXT = ("wikitext103", "wikitext2")
 DOWNLOADS = {
@@ -85,12 +93,32 @@ def _split_of(name: str) -> str:
     return "train" if bucket < 90 else "valid" if bucket < 95 else "test"
 
 
-def pystdlib_split(split: str) -> Iterator[bytes]:
+@functools.cache
+def _deduplicated_splits() -> dict[str, str]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    texts = {path.relative_to(root).as_posix(): path.read_bytes() for path in pystdlib_files()}
+    return partition.assign(texts)
+
+
+def split_of(relative: str, partition_name: str = "dedup") -> str:
+    """The split of a standard-library file (its path relative to the library) in a partition."""
+    if partition_name == "hash":
+        return _split_of(relative)
+    return _deduplicated_splits()[relative]
+
+
+def pystdlib_split(split: str, partition_name: str = "dedup") -> Iterator[bytes]:
+    check_partition(partition_name)
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     for path in pystdlib_files():
         relative = path.relative_to(root).as_posix()
-        if _split_of(relative) == split:
+        if split_of(relative, partition_name) == split:
             yield f"# file: {relative}\n".encode() + path.read_bytes() + b"\n"
+
+
+def check_partition(name: str) -> None:
+    if name not in PARTITIONS:
+        raise DataError(f"data.partition={name!r} is invalid; use one of {', '.join(PARTITIONS)}")
 
 
 def _text_files(path: pathlib.Path) -> list[pathlib.Path]:
@@ -185,10 +213,13 @@ def wikitext_split(name: str, path: str | None, split: str) -> Iterator[bytes]:
     )
 
 
-def split_stream(name: str, path: str | None, split: str) -> Iterator[bytes]:
-    """Byte pieces whose concatenation is ``split`` of corpus ``name`` (not ``tfds:``)."""
+def split_stream(
+    name: str, path: str | None, split: str, partition_name: str = "dedup"
+) -> Iterator[bytes]:
+    """Byte pieces whose concatenation is ``split`` of corpus ``name`` (not ``tfds:``); pystdlib's
+    files divided as ``partition_name`` says."""
     if name == "pystdlib":
-        return pystdlib_split(split)
+        return pystdlib_split(split, partition_name)
     if name == "text":
         return text_split(path, split)
     if name in STANDARD_SPLIT:
