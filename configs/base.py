@@ -45,6 +45,10 @@ def get_config() -> ml_collections.ConfigDict:
     m.shaw_max_distance = 64  # shaw: k, the table has 2k + 1 rows
     m.t5_num_buckets = 32
     m.t5_max_distance = 128
+    # fire: the threshold L of ψ(max(L, i)) at init (learned after); None: the training window,
+    # data.segment_len + mem_len (the longest query position + 1 of a training window)
+    m.fire_threshold = config_dict.placeholder(int)
+    m.kerple_per_layer = False  # kerple: r1, r2 per layer (False: one pair shared, as the authors)
     m.deberta_bucket_size = 256
     m.deberta_max_position = 512
     m.dtype = "float32"  # compute dtype: float32 | bfloat16 (parameters stay float32)

@@ -178,6 +178,8 @@ class ModelConfig(_Section):
     shaw_max_distance: int
     t5_num_buckets: int
     t5_max_distance: int
+    fire_threshold: int | None
+    kerple_per_layer: bool
     deberta_bucket_size: int
     deberta_max_position: int
     dtype: str
@@ -236,6 +238,8 @@ class ModelConfig(_Section):
             _at_least("model.clamp_len", self.clamp_len, 1)
         if self.d_embed is not None:
             _at_least("model.d_embed", self.d_embed, 1)
+        if self.fire_threshold is not None:
+            _at_least("model.fire_threshold", self.fire_threshold, 1)
         if not self.cutoffs and (self.div_val != 1 or self.d_embed is not None or self.tie_projs):
             fail("model.cutoffs", (), "div_val, d_embed and tie_projs need cutoffs (clusters)")
         if self.output_bias and (self.cutoffs or not self.tie_embeddings):
@@ -379,6 +383,15 @@ SECTIONS = {
 }
 
 
+def training_window(model: ModelConfig, segment_len: int | None = None) -> int:
+    """The attention window of a training step: ``segment_len`` queries (None: base.py's
+    data.segment_len) after ``model.mem_len`` memory slots. Positions count from the oldest valid
+    key (``TransformerLM``), so this is the longest query position + 1 that training sees."""
+    if segment_len is None:
+        segment_len = defaults().data.segment_len
+    return model.mem_len + segment_len
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The whole run, validated: ``Config.from_any(load_config(path))``."""
@@ -396,6 +409,11 @@ class Config:
                 self.train.grad_accum,
                 f"it must divide data.batch_size={self.data.batch_size} (micro-batches split the rows)",
             )
+        # a scheme's fields whose default (None) is the training window: set here, where the data
+        # section is known (FIRE's threshold)
+        window = training_window(self.model, self.data.segment_len)
+        if fields := schemes.get(self.model.position).window_fields(self.model, window):
+            object.__setattr__(self, "model", dataclasses.replace(self.model, **fields))
 
     @classmethod
     def from_any(cls, config: Any) -> Config:

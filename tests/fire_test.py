@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from relpos_jax import TransformerLM, schemes
@@ -66,3 +67,54 @@ def test_fire_parameters_get_gradients_and_masked_keys_give_no_nan():
         (stacked,) = [leaf for name, leaf in named.items() if param in name]  # [layers, ...]
         assert stacked.shape[0] == CFG.n_layers
         assert all(float(jnp.abs(layer).sum()) > 0 for layer in stacked), param
+
+
+def _dead_share(w1: np.ndarray, b1: np.ndarray) -> float:
+    """The share of hidden units ``relu(w1·x + b1)`` that are 0 on every input x in [0, 1] (such a
+    unit gets no gradient, ever): linear in x, so its two ends decide."""
+    x = np.linspace(0.0, 1.0, 101)[:, None, None]
+    return float(np.mean(np.all(x * w1 + b1 <= 0.0, axis=0)))
+
+
+def test_fire_hidden_units_at_init_are_mostly_alive_on_inputs_in_0_1():
+    """w1, b1 ~ U(−1, 1) (torch.nn.Linear(1, 32), the paper's listing): a unit is dead on [0, 1] iff
+    b1 ≤ 0 and w1 + b1 ≤ 0, 3/8 of them in expectation; the former init (w1 ~ N(0, 1), b1 = 0)
+    killed every unit with w1 ≤ 0, half of them. 64 draws of a layer: 2,048 units."""
+    layers = [schemes.get("fire").layer_params(CFG, nnx.Rngs(seed)) for seed in range(64)]
+    w1 = np.stack([np.asarray(p["fire_w1"][...]) for p in layers])
+    b1 = np.stack([np.asarray(p["fire_b1"][...]) for p in layers])
+    assert w1.min() >= -1.0 and w1.max() <= 1.0 and b1.min() >= -1.0 and b1.max() <= 1.0
+    assert np.abs(b1).mean() > 0.4  # drawn, not zero
+    share = _dead_share(w1, b1)
+    assert abs(share - 3 / 8) < 0.04 and share < 0.42, share
+    former = np.random.default_rng(0).normal(size=w1.shape)  # the former init, for contrast
+    assert _dead_share(former, np.zeros_like(former)) > 0.46
+
+
+def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
+    from relpos_jax import memory as memory_lib
+    from relpos_jax.config import Config, ConfigError
+
+    def run(**fields):
+        model = dict(position="fire", d_model=16, n_heads=4, d_ff=32, n_layers=2, mem_len=24)
+        model.update(fields.pop("model", {}))
+        return Config.from_any(dict(model=model, data=dict(segment_len=40, **fields)))
+
+    cfg = run()
+    assert cfg.model.fire_threshold == 24 + 40  # memory + segment
+    model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(model.blocks.attention.fire_L[...], [64.0, 64.0])
+    # the longest query position + 1 of a training window (memory full): the threshold
+    states = jnp.zeros((2, 1, 24, 16))
+    ctx = model._position_context(memory_lib.Memory(states, jnp.asarray(24)), 40, 0, None, True)
+    assert int(ctx.q_pos[-1]) + 1 == cfg.model.fire_threshold
+    assert run(model=dict(mem_len=0)).model.fire_threshold == 40  # no memory: the segment
+    assert run(model=dict(fire_threshold=100)).model.fire_threshold == 100  # set: kept
+    set_model = TransformerLM(run(model=dict(fire_threshold=100)).model, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(set_model.blocks.attention.fire_L[...], [100.0, 100.0])
+    # a model section alone (a notebook): mem_len + base.py's data.segment_len (128)
+    alone = TransformerLM(dict(position="fire", d_model=16, n_heads=4, mem_len=8), rngs=nnx.Rngs(0))
+    assert float(alone.blocks.attention.fire_L[...][0]) == 8 + 128
+    assert run(model=dict(position="t5")).model.fire_threshold is None  # only FIRE's own field
+    with pytest.raises(ConfigError, match=r"^model\.fire_threshold=0 is invalid"):
+        run(model=dict(fire_threshold=0))

@@ -11,6 +11,8 @@ import pkgutil
 from relpos_jax.schemes.base import (
     Scheme,
     Tile,
+    apply_floors,
+    floored,
     get,
     names,
     normal_param,
@@ -25,4 +27,14 @@ _OTHERS = sorted({m.name for m in pkgutil.iter_modules(__path__)} - {*CLASSIC, "
 for _module in (*CLASSIC, *_OTHERS):
     importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["Scheme", "Tile", "get", "names", "normal_param", "overrides", "register"]
+__all__ = [
+    "Scheme",
+    "Tile",
+    "apply_floors",
+    "floored",
+    "get",
+    "names",
+    "normal_param",
+    "overrides",
+    "register",
+]

@@ -25,6 +25,12 @@ hook                  what it gives, and who uses it
                       runs it)
 ====================  =========================================================================
 
+A scheme may also declare ``floors``, the least value of some of its parameters (KERPLE's r1, r2 ≥
+1e-2): ``apply_floors`` projects them there after every optimizer update (``train_step``), and the
+forward reads them through ``floored``, whose gradient passes (a parameter at its floor still
+learns). ``window_fields`` gives the config fields whose default is the training window (FIRE's
+threshold), set by ``Config`` where the data section is known.
+
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
 positions, so that the dense path (one tile covering every key) and a tiled path (key tiles with an
 online softmax) share the schemes. Relative distance is ``q_pos − k_pos`` (positive: the key is in
@@ -81,6 +87,12 @@ class Tile:
         return self.q_start + self.shape[0] - 1 - self.k_start
 
 
+def floored(x: jax.Array, floor: float) -> jax.Array:
+    """``max(x, floor)`` in value, ``x`` in gradient (straight through): a parameter at or below
+    its floor reads as the floor and still gets the gradient of the term it feeds."""
+    return x + jax.lax.stop_gradient(jnp.maximum(x, floor) - x)
+
+
 class Scheme:
     """A position scheme; subclasses override only the hooks they use (the defaults add nothing)."""
 
@@ -89,9 +101,17 @@ class Scheme:
     kv_layout: ClassVar[str] = "bnhk"  # keys/values [B, N, H, K]; "bknh" for row gathers
     content_carries_positions: ClassVar[bool] = False  # rope: positions act inside q·k itself
     fused: ClassVar[bool] = True  # its terms are tables by distance: the kernels run it
+    # parameter name -> the least value it keeps: ``apply_floors`` projects it there after every
+    # optimizer update (shared or per layer alike: parameters are matched by name)
+    floors: ClassVar[dict[str, float]] = {}
 
     def validate(self, cfg: Any) -> None:
         """Refuse config values this scheme cannot use, in one line (``config.fail``)."""
+
+    def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
+        """Config fields to set from the training attention ``window`` (memory + segment: the
+        longest query position + 1 of a training step), where the config leaves them None."""
+        return {}
 
     def scale(self, cfg: Any) -> float:
         return 1.0 / math.sqrt(cfg.head_dim)
@@ -164,6 +184,19 @@ def register(cls: type[Scheme]) -> type[Scheme]:
         raise ValueError(f"register: scheme name {cls.name!r} is empty or taken")
     _REGISTRY[cls.name] = cls()
     return cls
+
+
+def apply_floors(model: Any) -> None:
+    """Set every parameter of ``model`` that its scheme gives a floor (``Scheme.floors``) to
+    ``max(value, floor)``, in place: the projection that follows each optimizer update, as
+    KERPLE's authors clamp the stored values (``param.data.clamp_(min=eps)``). Exact: a value
+    pushed below its floor ends at the floor itself. Nothing to do for most schemes."""
+    floors = get(model.config.position).floors
+    if not floors:
+        return
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param) and path and path[-1] in floors:
+            node.set_value(jnp.maximum(node[...], jnp.asarray(floors[path[-1]], node.dtype)))
 
 
 def overrides(scheme: Scheme, hook: str) -> bool:

@@ -5,11 +5,28 @@ position,
     b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),        ψ(x) = log(c·x + 1),
 
 with ``f_θ`` an MLP from a scalar to one bias per head (one hidden layer of 32 ReLU units), and ``c``
-and the threshold ``L`` learned (initialised to 0.1 and 512, the paper's and its reference code's
-defaults), per layer, added to the logits after scaling. ``i`` is the query's position, which here
-counts from the oldest key it can see (the model's positions); so FIRE is not translation
-invariant, and is tested against a float64 loop of this formula. Future keys (i < j), which the mask
-removes anyway, are scored at distance 0, so that no NaN reaches the masked entries' gradients.
+and the threshold ``L`` learned, per layer, added to the logits after scaling. ``i`` is the query's
+position, which here counts from the oldest key it can see (the model's positions); so FIRE is not
+translation invariant, and is tested against a float64 loop of this formula. Future keys (i < j),
+which the mask removes anyway, are scored at distance 0, so that no NaN reaches the masked entries'
+gradients.
+
+The paper makes ``L`` a learnable threshold of the normaliser (§3.2, "thresholding the normalizer
+for better short sequence modeling": queries before ``L`` share the normaliser ``ψ(L)``, so that
+short contexts are not squeezed into a narrow range), and the PyTorch listing of its appendix
+starts ``c`` at 0.1 and ``L`` at 512. Here ``L`` starts at ``model.fire_threshold``, by default
+(None) the training attention window: ``data.segment_len + model.mem_len``, the longest query
+position + 1 a training step has (``config.training_window``; a model section built without its
+config's data section takes base.py's segment length). So a training window's inputs span
+``[0, 1)`` and a longer window at evaluation is interpolated into that range, the paper's intent;
+512, above the 64–256-token windows of these configs, left the threshold unreached in training
+(inputs up to ``ψ(W)/ψ(512)`` only) and every longer window's inputs partly unseen.
+
+The MLP's first layer, weight and bias, starts uniform in (−1, 1): what ``torch.nn.Linear(1, 32)``
+draws (bounds ``1/√fan_in``), as in the paper's listing and the reimplementations that follow it;
+the output layer starts at N(0, init_std²) and zero. A hidden unit with ``b1 ≤ 0`` and
+``w1 + b1 ≤ 0`` is dead on every input in ``[0, 1]`` (and gets no gradient): 3/8 of them in
+expectation under this init, against 1/2 under the former ``w1 ~ N(0, 1)``, ``b1 = 0``.
 """
 
 from __future__ import annotations
@@ -23,7 +40,21 @@ from flax import nnx
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
 HIDDEN = 32  # the MLP's width
-INIT_C, INIT_L = 0.1, 512.0
+INIT_C = 0.1  # ψ's scale at init (the paper's listing)
+FIRST_LAYER_BOUND = 1.0  # w1, b1 ~ U(−1, 1): torch.nn.Linear(1, ·)'s 1/√fan_in
+
+
+def threshold(cfg: Any) -> int:
+    """``L`` at init: ``model.fire_threshold``, or (None) the training attention window."""
+    if cfg.fire_threshold is not None:
+        return cfg.fire_threshold
+    from relpos_jax.config import training_window  # here: the config module imports the schemes
+
+    return training_window(cfg)
+
+
+def _uniform(rngs: nnx.Rngs, shape: tuple[int, ...], bound: float) -> nnx.Param:
+    return nnx.Param(jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound))
 
 
 @register
@@ -31,15 +62,18 @@ class Fire(Scheme):
     name = "fire"
     relative = False  # the normaliser depends on the query's own position
 
+    def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
+        return {"fire_threshold": window} if cfg.fire_threshold is None else {}
+
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
         n, std = cfg.n_heads, cfg.init_std
         return {
-            "fire_w1": normal_param(rngs, (HIDDEN,), 1.0, (None,)),  # a scalar input: unit scale
-            "fire_b1": nnx.Param(jnp.zeros((HIDDEN,), jnp.float32)),
+            "fire_w1": _uniform(rngs, (HIDDEN,), FIRST_LAYER_BOUND),
+            "fire_b1": _uniform(rngs, (HIDDEN,), FIRST_LAYER_BOUND),
             "fire_w2": normal_param(rngs, (HIDDEN, n), std, (None, "heads")),
             "fire_b2": nnx.Param(jnp.zeros((n,), jnp.float32)),
             "fire_c": nnx.Param(jnp.asarray(INIT_C, jnp.float32)),
-            "fire_L": nnx.Param(jnp.asarray(INIT_L, jnp.float32)),
+            "fire_L": nnx.Param(jnp.asarray(threshold(cfg), jnp.float32)),
         }
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
