@@ -2,7 +2,8 @@
 
 Restores the latest checkpoint, reports perplexity and bits per token (bpc at the byte level) on
 valid and test over every token exactly once with the ``eval.*`` settings (segment, memory,
-clamp_len, same_length), writes ``eval.json`` in the work directory; ``--sample N`` prints N
+clamp_len, same_length), writes ``eval.json`` in the work directory (each split's per-window bits
+and tokens, for bootstrap intervals, in ``eval_windows.npz`` beside it); ``--sample N`` prints N
 generated tokens (bytes, or words of a word-level corpus) after ``--prompt``. An evaluation that
 was killed leaves ``eval.running`` behind, and the next one says in its first line that it
 restarts from the first token.
@@ -10,7 +11,6 @@ restarts from the first token.
 
 from __future__ import annotations
 
-import json
 import time
 
 from absl import app, flags
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
 
     from relpos_jax.config import Config
     from relpos_jax.errors import accelerator_error
-    from relpos_jax.evaluate import restore_model, run_eval
+    from relpos_jax.evaluate import restore_model, run_eval, save_results
 
     workdir = cli.workdir()
     running = workdir / "eval.running"  # there while an evaluation runs: a killed one leaves it
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
         cli.exit_with_device_failure(explained, workdir)
     results["step"] = step
     if jax.process_index() == 0:
-        (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+        save_results(workdir, results)
         running.unlink(missing_ok=True)
     for split in _SPLITS.value:
         r = results[split]

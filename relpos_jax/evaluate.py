@@ -8,6 +8,13 @@ logits (``model.target_log_probs``: an adaptive softmax scores a big vocabulary)
 ``clamp_len`` and ``same_length`` give a model that shares the trained parameters. One compiled call
 (``score_segments``) scores ``SEGMENTS_PER_CALL`` segments, the memory carried between them by
 ``jax.lax.scan``: no host round trip and no cross-device sum until the end (~10% faster on a CPU).
+
+Beside the totals, the result keeps each window's summed bits and scored tokens (``windows``): a
+window is one row of one segment (``evaluate``: T consecutive tokens of the text, in the text's
+order) or one sliding window (``evaluate_sliding``), so that ``relpos_jax.analysis.bootstrap`` can
+resample them, paired across models scored on the same split with the same segment, rows and
+tokens. ``save_results`` writes them beside ``eval.json`` (``eval_windows.npz``), ``load_windows``
+reads them back (None for an ``eval.json`` written without them).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import pathlib
 import time
@@ -102,10 +110,12 @@ def loss_sums(target_log_probs: jax.Array, segment: dict) -> dict[str, jax.Array
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
 def score_segments(graphdef, state, block: dict, mems):
     """Scores S consecutive segments ``block["inputs" | "targets" | "weights"] [S, B, T]`` in one
-    call -> (``loss_sums`` summed over the S segments, the memory after the last segment)."""
+    call -> (``loss_sums``: each segment's row sums ``[S, B]``, the position sums summed over the S
+    segments; the memory after the last segment)."""
     model = nnx.merge(graphdef, state)
     sums, mems = scan_segments(model, block, mems, loss_sums, targets=True)
-    return jax.tree.map(lambda x: x.sum(0), sums), mems
+    sums = {k: v if k.startswith("row_") else v.sum(0) for k, v in sums.items()}
+    return sums, mems
 
 
 def evaluate(
@@ -119,9 +129,16 @@ def evaluate(
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once. With a
-    ``mesh``, the rows of each batch are split over its batch axes (``_score``)."""
-    batches = data_lib.eval_batches(stream, batch_size, segment_len, max_tokens)
-    return _score(model, batches, mem_len, mesh=mesh)
+    ``mesh``, the rows of each batch are split over its batch axes (``_score``). Its ``windows``:
+    each row of each segment, row by row (the text's order)."""
+    first, batches = _peek(data_lib.eval_batches(stream, batch_size, segment_len, max_tokens))
+    result = _score(model, batches, mem_len, mesh=mesh, by_row=True)
+    rows = first["inputs"].shape[0]  # batch_size, or fewer where the split is short
+    # what decides where the windows fall (not mem_len: with memory or without, the same windows)
+    result["windows"]["layout"] = (
+        f"segments of {segment_len}, {rows} rows, {result['tokens']} targets"
+    )
+    return result
 
 
 def evaluate_sliding(
@@ -138,16 +155,29 @@ def evaluate_sliding(
     of context recomputed from scratch; ``stride`` 1 is the vanilla model of the Transformer-XL paper's
     evaluation-speed table, which recomputes its whole context for every token."""
     batches = data_lib.sliding_batches(stream, batch_size, window, stride, max_tokens)
-    return _score(model, batches, 0, mesh=mesh)  # no memory: each window on its own
+    result = _score(model, batches, 0, mesh=mesh)  # no memory: each window on its own
+    tokens = result["tokens"]
+    result["windows"]["layout"] = f"sliding windows of {window}, stride {stride}, {tokens} targets"
+    return result
 
 
-def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[str, Any]:
+def _peek(batches):
+    """(the first of ``batches``, all of them)."""
+    batches = iter(batches)
+    first = next(batches)
+    return first, itertools.chain([first], batches)
+
+
+def _score(
+    model: TransformerLM, batches, mem_len: int, *, mesh=None, by_row: bool = False
+) -> dict[str, Any]:
     """Sums the weighted losses of ``batches``, ``SEGMENTS_PER_CALL`` of them a call
     (``score_segments``), the memory carried from each to the next. Calls are queued without
     waiting for their results (at most two ahead), which are read once, at the end. With a
     ``mesh`` (one process), parameters are laid out by the training rules and each batch's rows,
     and the memory's, are split over the batch axes when they divide them (else the batch is
-    replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core."""
+    replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core.
+    The windows (``_windows``) are each batch row's sums, batch by batch, or ``by_row``."""
     graphdef, state = nnx.split(model)
     if mesh is not None and jax.process_count() > 1:
         mesh = None  # each process's batches are its own rows; not placed on a global mesh
@@ -165,9 +195,10 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
         sums.append(block_sums)
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
-    total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0]}
-    total_count = float(total["row_count"].sum())
-    mean = float(total["row_loss"].sum() / total_count)
+    total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0] if "position" in k}
+    window_loss, window_count = _windows(sums, by_row)
+    total_count = float(window_count.sum())
+    mean = float(math.fsum(window_loss) / total_count)
     seconds = time.perf_counter() - start
     by_position = total["position_loss"] / np.maximum(total["position_count"], 1.0)
     return {
@@ -179,7 +210,22 @@ def _score(model: TransformerLM, batches, mem_len: int, *, mesh=None) -> dict[st
         "tokens_per_sec": float(total_count / seconds),
         # mean bits per token at each position of the segment, its first query first
         "bpc_by_position": [round(float(b) * BITS_PER_NAT, 5) for b in by_position],
+        # each window's summed bits and scored tokens (the layout is set by the caller)
+        "windows": {"bits": window_loss * BITS_PER_NAT, "tokens": window_count.astype(np.int64)},
     }
+
+
+def _windows(sums: list[dict], by_row: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The row sums of every segment scored (``[S, B]`` a call) as windows ``[W]`` in float64:
+    batch by batch, each batch's rows in order, or ``by_row`` (each row's segments in turn); those
+    without a scored token (padding, which depends on the data alone) left out. -> (loss in nats,
+    scored tokens)."""
+    loss = np.concatenate([np.asarray(s["row_loss"], np.float64) for s in sums])  # [segments, B]
+    count = np.concatenate([np.asarray(s["row_count"], np.float64) for s in sums])
+    if by_row:
+        loss, count = loss.T, count.T
+    scored = count.ravel() > 0
+    return loss.ravel()[scored], np.rint(count.ravel()[scored])
 
 
 def _blocks(batches, size: int):
@@ -273,3 +319,53 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
     for split in splits:
         results[split] = evaluate_split(model, config, split, settings=settings, mesh=mesh)
     return results
+
+
+WINDOWS_FILE = "eval_windows.npz"
+"""Each split's windows (``<split>.bits``, ``<split>.tokens``), beside ``eval.json``."""
+
+
+def save_results(workdir, results: dict[str, Any]) -> pathlib.Path:
+    """``eval.json`` in ``workdir`` from ``run_eval``'s ``results`` (plus what the caller added); the
+    splits' windows go to ``eval_windows.npz`` beside it, written first and whole (a killed write
+    leaves none), and eval.json keeps of them only their file, count and layout: it stays small,
+    and an eval.json without them (written before) still reads."""
+    workdir = pathlib.Path(workdir)
+    arrays, summary = {}, {}
+    for key, value in results.items():
+        windows = value.get("windows") if isinstance(value, dict) else None
+        if isinstance(windows, dict) and "bits" in windows:
+            arrays[f"{key}.bits"] = np.asarray(windows["bits"], np.float64)
+            arrays[f"{key}.tokens"] = np.asarray(windows["tokens"], np.int64)
+            value = {**value, "windows": {
+                "file": WINDOWS_FILE, "count": len(windows["bits"]), "layout": windows["layout"],
+            }}  # fmt: skip
+        summary[key] = value
+    if arrays:
+        partial = workdir / f"{WINDOWS_FILE}.partial"
+        with partial.open("wb") as f:
+            np.savez_compressed(f, **arrays)
+        partial.replace(workdir / WINDOWS_FILE)
+    path = workdir / "eval.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def load_windows(workdir, split: str) -> dict[str, Any] | None:
+    """``{"bits", "tokens", "layout"}`` of ``split`` as ``save_results`` wrote them in ``workdir``;
+    None where its eval.json has none (written before windows were kept) or the file they are in is
+    missing or does not match eval.json."""
+    workdir = pathlib.Path(workdir)
+    done = workdir / "eval.json"
+    if not done.exists():
+        return None
+    entry = (json.loads(done.read_text()).get(split) or {}).get("windows")
+    if not isinstance(entry, dict) or not (workdir / entry.get("file", "")).is_file():
+        return None
+    with np.load(workdir / entry["file"]) as arrays:
+        if f"{split}.bits" not in arrays:
+            return None
+        bits, tokens = arrays[f"{split}.bits"], arrays[f"{split}.tokens"]
+    if len(bits) != entry["count"] or len(tokens) != entry["count"]:
+        return None
+    return {"bits": bits, "tokens": tokens, "layout": entry["layout"]}

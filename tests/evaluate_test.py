@@ -1,11 +1,16 @@
 """``evaluate`` scores blocks of segments in one call each (``score_segments``): the same numbers as
-scoring one segment at a time, whatever the block size."""
+scoring one segment at a time, whatever the block size; its windows (each row of each segment, or
+each sliding window) fall alike for every model, and go beside ``eval.json`` (``save_results``)."""
+
+import json
 
 import numpy as np
 import optax
 import pytest
 
 from relpos_jax import evaluate as evaluate_lib
+from relpos_jax.analysis import bootstrap
+from relpos_jax.analysis.bootstrap import Scores
 from relpos_jax.data import pipeline
 from tests.helpers import tiny_model
 
@@ -14,10 +19,12 @@ TOKENS = np.random.default_rng(7).integers(0, 256, 1000)
 
 def _one_segment_at_a_time(model, batch_size, segment_len, mem_len):
     """The reference: the model called segment by segment with the memory of hidden states, the
-    losses summed in float64 on the host, in all and at each position of the segment."""
+    losses summed in float64 on the host, in all, at each position of the segment and in each row of
+    each segment (the windows, row by row: the text's order; the padding's left out)."""
     stream = pipeline.ArrayStream(TOKENS)
     total, count, mems = 0.0, 0.0, None
     at_position, at_position_count = np.zeros(segment_len), np.zeros(segment_len)
+    window_loss, window_count = [], []
     for batch in pipeline.eval_batches(stream, batch_size, segment_len):
         if mems is None:
             mems = model.init_mems(batch["inputs"].shape[0], mem_len)
@@ -28,15 +35,22 @@ def _one_segment_at_a_time(model, batch_size, segment_len, mem_len):
         count += float(batch["weights"].sum())
         at_position += weighted.sum(0)
         at_position_count += batch["weights"].sum(0)
-    return total / count, count, at_position / at_position_count
+        window_loss.append(weighted.sum(1))
+        window_count.append(batch["weights"].sum(1))
+    window_loss, window_count = np.array(window_loss).T.ravel(), np.array(window_count).T.ravel()
+    scored = window_count > 0
+    windows = window_loss[scored] * evaluate_lib.BITS_PER_NAT, window_count[scored]
+    return total / count, count, at_position / at_position_count, windows
 
 
 @pytest.mark.parametrize("position", ["txl", "rope"])
 def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, position):
     model = tiny_model(position, mem_len=24)
     # 3 rows of 333 targets: 21 segments of 16
-    loss, count, by_position = _one_segment_at_a_time(model, 3, 16, 24)
-    assert count == 999
+    loss, count, by_position, (window_bits, window_tokens) = _one_segment_at_a_time(
+        model, 3, 16, 24
+    )
+    assert count == 999 and len(window_tokens) == 3 * 21  # rows of 20 segments of 16 and one of 13
     for per_call in (1, 4, 21, 64):  # 4: five blocks and one filled up; 64: one block of 21
         monkeypatch.setattr(evaluate_lib, "SEGMENTS_PER_CALL", per_call)
         result = evaluate_lib.evaluate(
@@ -46,6 +60,13 @@ def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, positi
         np.testing.assert_allclose(result["loss"], loss, rtol=2e-6, err_msg=f"{per_call} a call")
         bits = by_position * evaluate_lib.BITS_PER_NAT
         np.testing.assert_allclose(result["bpc_by_position"], bits, rtol=2e-5, atol=1e-5)
+        windows = result["windows"]
+        assert windows["layout"] == "segments of 16, 3 rows, 999 targets"
+        np.testing.assert_array_equal(windows["tokens"], window_tokens)
+        np.testing.assert_allclose(windows["bits"], window_bits, rtol=2e-5, atol=1e-5)
+        # the totals are the windows' sums: a bootstrap's point estimate is the reported bpc
+        point = Scores(windows["bits"], windows["tokens"]).point
+        assert point == pytest.approx(result["bpc"], rel=1e-14)
 
 
 def test_blocks_are_stacked_and_the_last_filled_with_zero_weight_segments():
@@ -60,3 +81,61 @@ def test_blocks_are_stacked_and_the_last_filled_with_zero_weight_segments():
     (only,) = evaluate_lib._blocks(batches[:3], 16)
     assert only["inputs"].shape == (3, 2, 3)
     assert list(evaluate_lib._blocks([], 4)) == []
+
+
+def test_models_scored_alike_have_the_same_windows_and_can_be_paired():
+    """With memory and without, other parameters: the same windows, in the same order."""
+    stream = pipeline.ArrayStream(TOKENS[:301])
+    kw = dict(batch_size=4, segment_len=16)
+    a = evaluate_lib.evaluate(tiny_model("txl", mem_len=24), stream, mem_len=24, **kw)
+    b = evaluate_lib.evaluate(tiny_model("txl", seed=1, mem_len=0), stream, mem_len=0, **kw)
+    assert a["windows"]["layout"] == b["windows"]["layout"] == "segments of 16, 4 rows, 300 targets"
+    np.testing.assert_array_equal(a["windows"]["tokens"], b["windows"]["tokens"])
+    assert a["windows"]["tokens"].tolist() == ([16] * 4 + [11]) * 4  # 75 targets a row
+    assert not np.allclose(a["windows"]["bits"], b["windows"]["bits"])
+    found = bootstrap.difference(Scores.of([a["windows"]]), Scores.of([b["windows"]]))
+    assert found.point == pytest.approx(a["bpc"] - b["bpc"], abs=1e-12)
+
+
+def test_sliding_windows_are_the_windows_in_order_whatever_the_batch():
+    model = tiny_model("alibi", mem_len=0)
+    stream = pipeline.ArrayStream(TOKENS[:100])  # 99 targets: windows of 16, stride 5
+    one = evaluate_lib.evaluate_sliding(model, stream, batch_size=1, window=16, stride=5)
+    four = evaluate_lib.evaluate_sliding(model, stream, batch_size=4, window=16, stride=5)
+    assert one["windows"]["tokens"].tolist() == [16] + [5] * 16 + [3]
+    assert four["windows"]["layout"] == "sliding windows of 16, stride 5, 99 targets"
+    np.testing.assert_array_equal(four["windows"]["tokens"], one["windows"]["tokens"])
+    np.testing.assert_allclose(four["windows"]["bits"], one["windows"]["bits"], rtol=1e-5)
+    point = Scores.of([four["windows"]]).point
+    assert point == pytest.approx(four["bpc"], rel=1e-14)
+
+
+def test_windows_are_saved_beside_a_small_eval_json_and_read_back(tmp_path):
+    bits, tokens = np.array([10.5, 3.25, 7.0]), np.array([8, 2, 5])
+    results = {
+        "settings": {"segment_len": 8},
+        "test": {"bpc": 1.5, "tokens": 15,
+                 "windows": {"bits": bits, "tokens": tokens, "layout": "segments of 8"}},
+        "step": 4,
+    }  # fmt: skip
+    evaluate_lib.save_results(tmp_path, results)
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert written["test"]["windows"] == {
+        "file": "eval_windows.npz",
+        "count": 3,
+        "layout": "segments of 8",
+    }
+    assert written["step"] == 4 and written["test"]["bpc"] == 1.5
+    assert results["test"]["windows"]["bits"] is bits  # the caller's results are left as they were
+    back = evaluate_lib.load_windows(tmp_path, "test")
+    np.testing.assert_array_equal(back["bits"], bits)
+    np.testing.assert_array_equal(back["tokens"], tokens)
+    assert back["layout"] == "segments of 8" and back["bits"].dtype == np.float64
+    assert evaluate_lib.load_windows(tmp_path, "valid") is None  # not evaluated
+    assert not list(tmp_path.glob("*.partial"))
+    # an eval.json from before windows were kept, or without its file: no windows, no error
+    (tmp_path / "eval_windows.npz").unlink()
+    assert evaluate_lib.load_windows(tmp_path, "test") is None
+    (tmp_path / "eval.json").write_text(json.dumps({"step": 4, "test": {"bpc": 1.5}}))
+    assert evaluate_lib.load_windows(tmp_path, "test") is None
+    assert evaluate_lib.load_windows(tmp_path / "nothing", "test") is None
