@@ -2,12 +2,13 @@
 untrained-table confound: bpc against evaluation length.
 
     .venv/bin/python -m bench.extrapolation [--schemes ...] [--seeds 0,1,2] [--train-len 128]
-        [--steps 500] [--variants defaults,sized] [--factors 1,4,16,64,256] [--tokens 262144]
+        [--steps 500] [--variants defaults,sized] [--factors 1,2,4,8,16,64,256] [--tokens 0]
         [--set model.n_layers=4 ...] [--dry-run]
 
 Trains each scheme without memory at segment ``--train-len`` (``configs/<scheme>_small.py``, one
 ``bench.sweep`` run per scheme, variant and seed: reused when finished, listed by ``--dry-run``) and
-scores the first ``--tokens`` test tokens at lengths L = train-len × factor, with no memory, two ways:
+scores the test split (its first ``--tokens``; 0: all of it, at least 64 windows of 32,768 with the
+default partition) at lengths L = train-len × factor, with no memory, two ways:
 
 - non-overlapping: the tokens cut into segments of L, each scored from scratch;
 - sliding window: windows of L moved by ``--stride`` (default L / 2), each scoring only its last
@@ -28,7 +29,11 @@ k = L_train − 1, T5's max distance L_train, DeBERTa's buckets exact to L_train
 to L_train. Where sizing leaves a scheme's tables as they are (T5 at L_train = 128), there is no
 sized run; the table says so. RoPE is also scored with its length extensions applied at
 evaluation time without retraining (factor L / train-len): position interpolation (``linear``),
-NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3.
+NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3, at the factors the papers use zero-shot (up to
+``--extensions-up-to``, 8). YaRN's β are rotation counts over the trained length: its defaults (32,
+1) are for L₀ = 4,096; ``yarn_betas`` scales them to L₀ so that the same share of the head's
+frequencies is kept, ramped and interpolated (the frequencies are fractions of the head dim, so
+the head dim does not change the share).
 
 Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
 sd over seeds) and ``extrapolation.png`` from it.
@@ -74,7 +79,20 @@ def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
     scaling = {"rope_type": kind, "factor": factor, "original_max_position_embeddings": train_len}
     if kind == "llama3":
         scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    if kind == "yarn":
+        scaling.update(yarn_betas(train_len))
     return scaling
+
+
+YARN_DEFAULT_LENGTH = 4096  # the L₀ that YaRN's β_fast = 32, β_slow = 1 were chosen for (LLaMA 2)
+
+
+def yarn_betas(train_len: int) -> dict[str, float]:
+    """YaRN's ``beta_fast`` and ``beta_slow`` for a model trained at ``train_len``: the defaults'
+    rotation counts scaled by ``train_len / 4096``, so that the dimensions kept, ramped and
+    interpolated are the same share of the head as for LLaMA 2 (1 and 1/32 at 128)."""
+    scale = train_len / YARN_DEFAULT_LENGTH
+    return {"beta_fast": 32 * scale, "beta_slow": 1 * scale}
 
 
 def sized_as_defaults(scheme: str, train_len: int) -> bool:
@@ -115,12 +133,13 @@ def measure(model, stream, length: int, protocols, args) -> dict[str, float]:
 
     batch = max(1, args.batch_tokens // length)
     stride = min(args.stride or max(1, length // 2), length)
+    tokens = args.tokens or None  # 0: the whole split
     scorers = {
         "non-overlapping": lambda: evaluate(
-            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=args.tokens
+            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=tokens
         ),
         "sliding": lambda: evaluate_sliding(
-            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=args.tokens
+            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=tokens
         ),
     }
     return {protocol: scorers[protocol]()["bpc"] for protocol in protocols}
@@ -145,7 +164,7 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
 
-    key = {"tokens": args.tokens, "stride": args.stride}
+    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
     cache = run.workdir / "extrapolation.json"
     stored = json.loads(cache.read_text()) if cache.exists() else {}
     bpc: dict = stored["bpc"] if stored.get("key") == key else {}
@@ -153,6 +172,8 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
     for label, kind in labels_of(scheme):
         rows = bpc.setdefault(label, {p: {} for p in PROTOCOLS})
         for length in args.lengths:
+            if kind is not None and length > args.train_len * args.extensions_up_to:
+                continue  # beyond the factors the extensions are published for
             todo = [p for p in protocols_at(length, args) if str(length) not in rows[p]]
             scaling = None if kind is None else rope_scaling(kind, length / args.train_len,
                                                              args.train_len)  # fmt: skip
@@ -197,6 +218,21 @@ def _series(results: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
     return series
 
 
+def _scored(tokens: int) -> str:
+    return f"the first {tokens:,} test tokens" if tokens else "every test token"
+
+
+def _extension_settings(s: dict) -> str:
+    """The extensions' settings, as recorded (none in sweeps from before they were)."""
+    if "extensions_up_to" not in s:
+        return ""
+    yarn = s["yarn"]
+    return (
+        f", up to {s['extensions_up_to']}× (YaRN β_fast {yarn['beta_fast']:g}, "
+        f"β_slow {yarn['beta_slow']:g})"
+    )
+
+
 def render(results: dict) -> str:
     s, series = results["settings"], _series(results)
     up_to = s.get("sliding_up_to") or max(s["lengths"])
@@ -206,10 +242,10 @@ def render(results: dict) -> str:
         f"Command: `{s['command']}`  ",
         f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every scheme trained without memory at "
         f"length {s['train_len']} for {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}; "
-        f"scored with no memory on the first {s['tokens']:,} test tokens. Sized: position tables "
+        f"scored with no memory on {_scored(s['tokens'])}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
-        "RoPE's extension X applied at evaluation, factor L / train length. Test bpc, mean ± sd "
-        "over the seeds.",
+        "RoPE's extension X applied at evaluation, factor L / train length"
+        f"{_extension_settings(s)}. Test bpc, mean ± sd over the seeds.",
     ]
     stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
     for protocol in PROTOCOLS:
@@ -334,8 +370,12 @@ def main() -> None:
         "--variants", type=options.listed(choices=("defaults", "sized")),
         default="defaults,sized", help="position tables as configured, and sized to train-len",
     )  # fmt: skip
-    parser.add_argument("--factors", type=options.ints, default="1,4,16,64,256")
-    parser.add_argument("--tokens", type=int, default=262144)
+    parser.add_argument("--factors", type=options.ints, default="1,2,4,8,16,64,256")
+    parser.add_argument(
+        "--extensions-up-to", type=int, default=8,
+        help="score RoPE's extensions only up to this factor (the papers' zero-shot range)",
+    )  # fmt: skip
+    parser.add_argument("--tokens", type=int, default=0, help="test tokens scored (0: all)")
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
     parser.add_argument("--batch-tokens", type=int, default=32768)
     parser.add_argument(
@@ -364,6 +404,7 @@ def main() -> None:
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
+            extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
             sized_as_defaults=args.sized_as_defaults,
             sets=list(args.set), missing=missing,

@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bench import ablation, extrapolation, probes, recl
@@ -328,3 +329,25 @@ def test_the_committed_leaderboard_is_gathered_from_the_committed_jsons():
 
     rendered = leaderboard.render(*leaderboard.gather(ROOT / "docs/results"))
     assert rendered == (ROOT / "docs/results/README.md").read_text()
+
+
+def _yarn_shares(dim: int, train_len: int, betas: dict) -> tuple[float, float]:
+    """The shares of a head's frequency pairs YaRN keeps and interpolates fully (factor 4)."""
+    from relpos_jax.positions.rope import rope_inv_freq
+
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": train_len}
+    stretched, _ = rope_inv_freq(dim, 10000.0, scaling | betas)
+    original, _ = rope_inv_freq(dim, 10000.0, None)
+    ratio = np.asarray(stretched) / np.asarray(original)
+    return float(np.mean(np.isclose(ratio, 1.0))), float(np.mean(np.isclose(ratio, 0.25)))
+
+
+def test_yarn_betas_keep_llamas_shares_of_the_head_at_this_trained_length():
+    assert extrapolation.yarn_betas(4096) == {"beta_fast": 32.0, "beta_slow": 1.0}  # the defaults
+    llama = _yarn_shares(128, 4096, {})  # head dim 128, L₀ 4,096: what β = 32, 1 were chosen for
+    here = _yarn_shares(32, 128, extrapolation.yarn_betas(128))
+    unscaled = _yarn_shares(32, 128, {})
+    assert all(abs(a - b) <= 1 / 16 for a, b in zip(here, llama, strict=True)), (here, llama)
+    assert unscaled[0] <= 1 / 16 < 0.25 < llama[0]  # the defaults keep one pair of 16 at 128
+    scaling = extrapolation.rope_scaling("yarn", 4, 128)
+    assert scaling["beta_fast"] == 1.0 and scaling["beta_slow"] == 1 / 32
