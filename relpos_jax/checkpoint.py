@@ -38,7 +38,7 @@ MUST_MATCH = {
     "model": (
         "position", "vocab_size", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "mem_len",
         "untie_r", "pre_norm", "tie_embeddings", "output_bias", "max_len", "shaw_max_distance",
-        "t5_num_buckets", "deberta_bucket_size",
+        "t5_num_buckets", "kerple_per_layer", "deberta_bucket_size",
     ),
     "data": ("name", "path", "tokens", "vocab", "partition", "segment_len", "batch_size"),
 }  # fmt: skip
@@ -85,6 +85,20 @@ def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
     if (section, field) == ("data", "partition"):
         return data.get(field, "hash") if data.get("name") == "pystdlib" else value
     return saved.get(section, {}).get(field, value)
+
+
+def _predating(saved: Mapping, config: Any) -> str:
+    """What a shape mismatch adds when the checkpoint's saved config lacks fields of the config's
+    scheme (``<position>_…``) that decide shapes: it was written before they existed (KERPLE's
+    parameters per layer, before ``model.kerple_per_layer``, whose default now shares them)."""
+    model = saved.get("model")
+    if not isinstance(model, Mapping):
+        return ""
+    prefix = f"{config.model.position}_"
+    missing = [f"model.{f}" for f in MUST_MATCH["model"] if f.startswith(prefix) and f not in model]
+    if not missing:
+        return ""
+    return f"; it was written before {', '.join(missing)} existed: set the value its shapes need"
 
 
 def _first_line(error: BaseException) -> str:
@@ -231,7 +245,8 @@ class Checkpointer:
                     f"config={path!r} is invalid; {where} holds {path} with shape "
                     f"{saved_shapes.get(path, 'absent')}, this config makes "
                     f"{shapes.get(path, 'absent')}: resume with the config that wrote it "
-                    "(train.clip, train.optimizer and the model fields), or use another --workdir"
+                    "(train.clip, train.optimizer and the model fields"
+                    f"{_predating(saved, config)}), or use another --workdir"
                 )
 
     def restore_newest(

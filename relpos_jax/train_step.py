@@ -3,7 +3,8 @@
 ``train_step_fn`` takes the model and optimizer state, a ``[B, T]`` batch of inputs and targets
 and the memory, and returns the new state, the new memory and the step's metrics. Adam(W) with
 linear warm-up and cosine decay, gradient clipping, optional micro-batching (gradient accumulation,
-one scan over the micro-batches).
+one scan over the micro-batches); after the update, the scheme's parameter floors
+(``schemes.apply_floors``).
 A step whose loss or gradients are not finite changes nothing and is counted; the memory then
 starts empty. ``jitted_train_step`` compiles it once a process for a model graph and mesh.
 """
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from relpos_jax import sharding
+from relpos_jax import schemes, sharding
 from relpos_jax.config import Config, TrainConfig
 from relpos_jax.memory import Memory
 from relpos_jax.model import TransformerLM
@@ -115,6 +116,9 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
     # optimizer's apply_if_finite see it too, so that such a step changes nothing either.
     grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.nan), grads)
     optimizer.update(model, grads)
+    # The scheme's parameter floors (KERPLE's r1, r2 ≥ 1e-2), projected onto the stored values
+    # after the update, exactly, as the authors' clamp_; a skipped step changed nothing to project.
+    schemes.apply_floors(model)
     # After a non-finite step the memory may hold NaNs too: start the next segment without context.
     new_mems = jax.tree.map(
         lambda new, empty: jnp.where(finite, new, empty),
