@@ -84,6 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
     t.clip = 0.25  # global gradient-norm clip (the paper's); 0 disables
     t.grad_accum = 1  # split each batch into this many micro-batches (same result, less memory)
     t.seed = 0
+    # a run folder whose newest checkpoint's model starts this run (a fine-tune: a fresh optimizer,
+    # data and schedule; e.g. RoPE's position interpolation at a longer data.segment_len)
+    t.init_from = config_dict.placeholder(str)
     t.log_every = 50
     t.eval_every = 500  # validation during training (0: only at the end)
     t.eval_tokens = 131072  # validation tokens scored during training (0: the whole split)

@@ -317,6 +317,7 @@ class TrainConfig(_Section):
     keep_checkpoints: int
     skip_nonfinite: bool
     max_consecutive_skips: int
+    init_from: str | None
 
     def __post_init__(self) -> None:
         for name in (

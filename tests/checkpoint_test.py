@@ -222,3 +222,54 @@ def test_pystdlib_checkpoints_from_before_partitions_resume_only_with_the_hash_p
     other_corpus = {"data": {"name": "text", "partition": "hash"}}  # means nothing there
     assert saved_value(other_corpus, "data", "partition", "dedup") == "dedup"
     assert saved_value(older, "model", "d_model", 64) == 64  # a field it did not record
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+@pytest.mark.slow
+def test_init_from_starts_a_run_from_another_runs_model_with_a_fresh_optimizer(
+    stopped_at_6, tmp_path
+):
+    config, stopped, _ = stopped_at_6
+    config = config.copy_and_resolve_references()
+    config.train.update(init_from=str(stopped), steps=2, ckpt_every=0)
+    config.data.segment_len = 16  # a fine-tune at a longer length
+    trainer = Trainer(config, tmp_path / "finetune")
+    assert trainer.step == 0 and trainer.resumed_from is None
+    model, optimizer = nnx.merge(trainer.graphdef, trainer.state)
+    saved, _, step = restore_model(config, stopped)
+    assert step == 6
+    for got, want in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)),
+        jax.tree.leaves(nnx.state(saved, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert int(optimizer.step[...]) == 0
+    trainer.run()
+    assert [s for s, _ in logged_losses(tmp_path / "finetune")] == [1, 2]
+    resumed = Trainer(config, tmp_path / "finetune")  # its own checkpoint wins over init_from
+    assert resumed.resumed_from == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("field", "value", "names"),
+    [
+        ("init_from", "nowhere", "train.init_from='nowhere' is invalid; it holds no checkpoint"),
+        ("d_model", 64, "model.d_model=64 is invalid; the checkpoint at step 6"),
+    ],
+)
+def test_init_from_what_cannot_start_the_run_is_one_line(
+    stopped_at_6, tmp_path, field, value, names
+):
+    config, stopped, _ = stopped_at_6
+    config = config.copy_and_resolve_references()
+    config.train.init_from = str(stopped)
+    section = "train" if field == "init_from" else "model"
+    config[section][field] = str(tmp_path / value) if field == "init_from" else value
+    with pytest.raises(ConfigError) as error:
+        Trainer(config, tmp_path / "finetune")
+    message = str(error.value).replace(str(tmp_path / "nowhere"), "nowhere")
+    assert names in message and "\n" not in message, message
