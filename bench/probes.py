@@ -2,7 +2,7 @@
 at all (the key inside the segment)? Accuracy against distance.
 
     .venv/bin/python -m bench.probes [--config configs/probe_needle.py] [--schemes txl,alibi,...]
-        [--conditions memory,in_segment,no_memory] [--seeds 0,1,2] [--steps N]
+        [--conditions memory,in_segment,no_memory] [--seeds 0,1,2,3,4,5] [--steps N]
         [--distances 8,16,...] [--set model.n_layers=1 ...] [--dry-run]
 
 Each (scheme, condition, seed) is one ``train.py`` + ``eval.py`` run of the probe config (a
@@ -16,8 +16,15 @@ segment and memory as in training; cached in the run's ``probe_accuracy.json``).
   lookup in this budget at all, so its failure with memory says nothing about memory;
 - ``no_memory``: the config's segment without memory (chance beyond the segment).
 
-Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (mean ±
-sd over seeds at each distance, and what differs from chance beyond twice the spread) and
+The distances scored are the trained ones by default (those the probe config's documents draw:
+8 … 48 for the needle config); ``--distances`` beyond them ask whether the lookup extrapolates,
+and the table marks them. A seed **solves** the probe when its accuracy averaged over the trained
+distances is at least ``SOLVED``: the lookup is learnt or not, so a mean over seeds that mixes
+solved and unsolved seeds says little, and the table leads with the share of seeds that solve it.
+
+Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (seeds
+that solve it, mean ± sd over seeds at each distance, what differs from chance beyond twice the
+spread) and
 ``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk) but which that
 JSON already holds with the same steps, overrides, segment, memory and distances is reused, not
 trained again; the table names the commit it was measured at.
@@ -35,6 +42,7 @@ from bench.measure import ROOT
 from relpos_jax.config import Config, load_config
 
 CONDITIONS = ("memory", "in_segment", "no_memory")
+SOLVED = 0.9  # a seed's accuracy over the trained distances that counts as solving the probe
 
 
 def condition_settings(condition: str, cfg: Config) -> tuple[str, ...]:
@@ -111,6 +119,48 @@ def _curves(results: dict, field: str = "curve") -> dict[tuple[str, str], dict[i
     return curves
 
 
+def trained_distances(probe_name: str, step: int = 8) -> list[int]:
+    """The distances a probe config trains on, every ``step`` bytes from its shortest to its
+    longest (``probe:needle:8-48`` → 8, 16, …, 48)."""
+    from relpos_jax.data import probes
+
+    _, shortest, longest = probes.parse(probe_name)
+    return sorted({*range(shortest, longest + 1, step), longest})
+
+
+def solved_by(results: dict, field: str = "curve") -> dict[tuple[str, str], tuple[int, int]]:
+    """(seeds whose accuracy averaged over the trained distances reaches ``SOLVED``, seeds) of
+    each (scheme, condition)."""
+    low, high = results["settings"].get("trained", (0, float("inf")))
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
+    for run in results["runs"]:
+        if field not in run:
+            continue
+        trained = [p["byte_accuracy"] for p in run[field] if low <= p["distance"] <= high]
+        solved = bool(trained) and sum(trained) / len(trained) >= SOLVED
+        done, seeds = counts.get((run["scheme"], run["condition"]), (0, 0))
+        counts[run["scheme"], run["condition"]] = (done + solved, seeds + 1)
+    return counts
+
+
+def _solved_lines(results: dict) -> list[str]:
+    s = results["settings"]
+    if "trained" not in s:  # recorded before the trained range was
+        return []
+    low, high = s["trained"]
+    lines = [
+        "",
+        f"Seeds that solve it (accuracy averaged over the trained distances {low}–{high} at least "
+        f"{SOLVED}):",
+        "",
+        "| scheme | condition | solved |",
+        "|---|---|---:|",
+    ]
+    for (scheme, condition), (done, seeds) in solved_by(results).items():
+        lines.append(f"| {scheme} | {condition.replace('_', ' ')} | {done} of {seeds} |")
+    return lines
+
+
 def label(scheme: str, condition: str) -> str:
     return f"{scheme}, {condition.replace('_', ' ')}"
 
@@ -133,9 +183,10 @@ def render(results: dict) -> str:
         f"in segment ({s['segment_len'] + s['mem_len']}-byte segments, no memory, the same tokens a "
         f"step: the key is inside the segment), no memory (the config's segment alone). "
         f"Answer-byte accuracy on 256 fresh test documents a distance, teacher-forced, mean ± sd "
-        f"over the seeds; chance is {chance}.",
+        f"over the seeds; chance is {chance}.{_untrained_note(s, distances)}",
+        *_solved_lines(results),
         "",
-        *_table(curves, distances),
+        *_table(curves, distances, s.get("trained")),
     ]
     lines += _above_chance(curves, distances, chance) + sweep.missing_lines(s)
     read = _curves(results, "curve_with_memory")
@@ -148,7 +199,7 @@ def render(results: dict) -> str:
             "forward pass through memory is sound and a failure of the memory runs is one of "
             "training.",
             "",
-            *_table(read, distances),
+            *_table(read, distances, s.get("trained")),
             *_above_chance(read, distances, chance),
         ]
     reused = sweep.commits_lines(s, results["runs"], _name)
@@ -165,14 +216,25 @@ def _above_chance(curves: dict, distances: list[int], chance: float) -> list[str
     return head + (found or ["- none"])
 
 
-def _table(curves: dict, distances: list[int]) -> list[str]:
+def _untrained_note(s: dict, distances: list[int]) -> str:
+    if "trained" not in s:
+        return ""
+    low, high = s["trained"]
+    if all(low <= d <= high for d in distances):
+        return f" Every distance is one the model was trained on ({low}–{high})."
+    return f" Distances marked * lie outside the trained range {low}–{high} (extrapolation)."
+
+
+def _table(curves: dict, distances: list[int], trained=None) -> list[str]:
+    low, high = trained or (min(distances, default=0), max(distances, default=0))
     lines = [
         "| distance | " + " | ".join(label(*key) for key in curves) + " |",
         "|---:|" + "---:|" * len(curves),
     ]
     for d in distances:
         cells = [sweep.mean_sd_text(curve.get(d, []), 3) for curve in curves.values()]
-        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+        mark = "" if low <= d <= high else "*"
+        lines.append(f"| {d}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -223,13 +285,19 @@ def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--config", default="configs/probe_needle.py")
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
-    parser.add_argument("--distances", type=options.ints, default="8,12,16,24,32,40,48,56,64,80,96")
+    parser.add_argument(
+        "--distances", type=options.ints, default=None,
+        help="default: the trained ones, every 8 bytes of the probe config's range",
+    )  # fmt: skip
     options.add_schemes(parser, ("txl", "shaw", "t5", "deberta", "alibi", "rope"))
     parser.add_argument(
         "--conditions", type=options.listed(choices=CONDITIONS), default="memory,in_segment",
         help=f"from {','.join(CONDITIONS)} (default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
+    parser.add_argument(
+        "--seeds", type=options.ints, default="0,1,2,3,4,5",
+        help="train.seed values (the lookup is learnt or not: 6–8 seeds give its share)",
+    )  # fmt: skip
     sweep.add_options(parser)
     options.add_out(parser)
     options.add_runs(parser, "runs/probes")
@@ -238,6 +306,7 @@ def main() -> None:
 
     cfg = Config.from_any(load_config(ROOT / args.config, args.set))
     args.steps = args.steps or cfg.train.steps
+    args.distances = args.distances or trained_distances(cfg.data.name)
     out, stem = pathlib.Path(args.out), pathlib.Path(args.config).stem
     every = runs_of(args, cfg)
     reused = _reused(out / f"{stem}.json", every, args, cfg)
@@ -247,7 +316,7 @@ def main() -> None:
     runs, _, missing = finished
     from relpos_jax.data import probes
 
-    kind, *_ = probes.parse(cfg.data.name)
+    kind, shortest, longest = probes.parse(cfg.data.name)
     memory_window = (cfg.data.segment_len, cfg.model.mem_len)
     measured = {
         (scheme, condition, seed): {
@@ -263,7 +332,7 @@ def main() -> None:
             ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
             segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len, seeds=list(args.seeds),
             schemes=list(args.schemes), conditions=list(args.conditions), sets=list(args.set),
-            missing=missing,
+            trained=[shortest, longest], missing=missing,
         ),
         "chance": probes.CHANCE[kind],
         "runs": [measured[key] for key in every if key in measured],  # the sweep's order

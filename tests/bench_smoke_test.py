@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench import ablation, extrapolation, probes, recl
+from bench import ablation, extrapolation, probes, recl, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -58,9 +58,12 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| rope")]
     assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
-    results = json.loads((tmp_path / "out" / "ablation.json").read_text())
+    results = sweep.load(tmp_path / "out" / "ablation.json")  # its windows read back beside it
     assert [(r["memory"], r["seed"]) for r in results["runs"]] == [(128, 0), (0, 0)]
     assert (tmp_path / "out" / "ablation.md").read_text() == ablation.render(results)
+    windows = results["runs"][0]["test_windows"]  # eval.py's, as the sweep keeps them
+    assert windows["tokens"].sum() == round(windows["bits"].sum() / results["runs"][0]["test_bpc"])
+    assert "bootstrap interval" in (tmp_path / "out" / "ablation.md").read_text()
 
     command = bench(
         "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",
@@ -351,3 +354,30 @@ def test_yarn_betas_keep_llamas_shares_of_the_head_at_this_trained_length():
     assert unscaled[0] <= 1 / 16 < 0.25 < llama[0]  # the defaults keep one pair of 16 at 128
     scaling = extrapolation.rope_scaling("yarn", 4, 128)
     assert scaling["beta_fast"] == 1.0 and scaling["beta_slow"] == 1 / 32
+
+
+def test_the_probe_table_leads_with_the_seeds_that_solve_it_at_trained_distances():
+    assert probes.trained_distances("probe:needle:8-48") == [8, 16, 24, 32, 40, 48]
+    assert probes.trained_distances("probe:passkey:100") == [100]
+    per_seed = {  # (scheme, condition) -> each seed's accuracy at 8, 48 (trained) and 64 (not)
+        ("txl", "memory"): [(1.0, 0.95, 0.1), (1.0, 0.7, 0.1), (0.92, 0.9, 1.0)],
+        ("alibi", "memory"): [(0.1, 0.1, 1.0), (0.12, 0.08, 1.0), (0.1, 0.1, 1.0)],
+    }
+    settings = {
+        "command": "python -m bench.probes", "commit": "abc", "machine": "m", "date": "d",
+        "config": "configs/probe_needle.py", "kind": "needle", "steps": 10, "segment_len": 16,
+        "mem_len": 48, "seeds": [0, 1, 2], "trained": [8, 48],
+    }  # fmt: skip
+    runs = [
+        {"scheme": scheme, "condition": condition, "seed": seed,
+         "curve": [{"distance": d, "byte_accuracy": a} for d, a in zip((8, 48, 64), accuracy,
+                                                                        strict=True)]}
+        for (scheme, condition), seeds in per_seed.items()
+        for seed, accuracy in enumerate(seeds)
+    ]  # fmt: skip
+    results = {"settings": settings, "chance": 0.1, "runs": runs}
+    assert probes.solved_by(results) == {("txl", "memory"): (2, 3), ("alibi", "memory"): (0, 3)}
+    table = probes.render(results)
+    assert "| txl | memory | 2 of 3 |" in table and "| alibi | memory | 0 of 3 |" in table
+    assert "| 64* |" in table and "| 48 |" in table  # the untrained distance is marked
+    assert "outside the trained range 8–48" in table
