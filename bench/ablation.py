@@ -11,9 +11,11 @@ embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits t
 token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
 same steps and overrides (their folders gone: another machine, a cleaned disk). Writes
-``ablation.json`` (settings, commit, each run's test bpc) and renders ``ablation.md`` (mean ± sd
-over seeds, the paper's WikiText-103 perplexities beside for reference, and which differences
-exceed twice the spread), ``ablation.png`` and ``ablation_positions.png``
+``ablation.json`` (settings, commit, each run's test bpc; its test windows in
+``ablation_windows.npz``) and renders ``ablation.md`` (mean [95 % bootstrap interval] over seeds
+and test windows, or mean ± sd for runs recorded without windows; the paper's WikiText-103
+perplexities beside for reference; which differences are beyond chance: a paired interval that
+excludes zero, or twice the spread — ``sweep.Compare``), ``ablation.png`` and ``ablation_positions.png``
 (test bpc against position in the segment, with and without memory) from it.
 """
 
@@ -79,37 +81,46 @@ def _groups(results: dict) -> dict[tuple[str, int], list[float]]:
     return groups
 
 
+def _compare(results: dict) -> sweep.Compare:
+    """The groups' test bpc and, where every run kept them, their test windows (``sweep.Compare``
+    picks the rule)."""
+    windows: dict[tuple[str, int], list] = {}
+    for run in results["runs"]:
+        windows.setdefault((run["scheme"], run["memory"]), []).append(run.get("test_windows"))
+    return sweep.Compare(_groups(results), windows)
+
+
 def render(results: dict) -> str:
-    s, groups = results["settings"], _groups(results)
-    summary = {key: sweep.mean_sd(values) for key, values in groups.items()}
-    order = sorted(groups, key=lambda key: summary[key][0])
+    s, compare = results["settings"], _compare(results)
+    groups = compare.values
+    order = sorted(groups, key=compare.mean)
     lines = [
         "# Scheme × memory ablation (the Transformer-XL paper's Table 6, small scale)",
         "",
         f"Command: `{s['command']}`  ",
         f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every run: {s['steps']} steps, "
         f"memory {s['mem_len']} or 0, seeds {', '.join(map(str, s['seeds']))}; test bpc over the "
-        "whole test split, memory carried as trained; mean ± sample sd over the seeds.",
+        f"whole test split, memory carried as trained; {compare.summary_rule}.",
         "",
         "| scheme | memory | test bpc | seeds | paper (WikiText-103 test ppl) |",
         "|---|---:|---:|---:|---|",
     ]
     for scheme, memory in order:
         lines.append(
-            f"| {scheme} | {memory} | {sweep.mean_sd_text(groups[scheme, memory], 4)} | "
+            f"| {scheme} | {memory} | {compare.cell((scheme, memory), 4)} | "
             f"{len(groups[scheme, memory])} | {PAPER.get((scheme, memory > 0), '')} |"
         )
-    lines += ["", "Differences beyond twice the larger spread (lower bpc is better):", ""]
+    lines += ["", f"Differences {compare.difference_rule} (lower bpc is better):", ""]
     found = []
-    for (scheme, memory), (after_scheme, after_memory) in sweep.apart_in_ranking(order, groups):
-        found.append(f"- {scheme} (memory {memory}) lower than {after_scheme} (memory "
-                     f"{after_memory}), next in the ranking")  # fmt: skip
+    for a, b in compare.in_ranking(order):
+        found.append(f"- {a[0]} (memory {a[1]}) lower than {b[0]} (memory {b[1]}), next in the "
+                     f"ranking{compare.difference_text(a, b, 4)}")  # fmt: skip
     for scheme in dict.fromkeys(key[0] for key in order):
-        with_memory, without = groups.get((scheme, s["mem_len"])), groups.get((scheme, 0))
-        if with_memory and without and sweep.apart(with_memory, without):
-            delta = summary[scheme, s["mem_len"]][0] - summary[scheme, 0][0]
+        with_memory, without = (scheme, s["mem_len"]), (scheme, 0)
+        if with_memory in groups and without in groups and compare.apart(with_memory, without):
+            delta = compare.mean(with_memory) - compare.mean(without)
             found.append(f"- {scheme}: memory {'lowers' if delta < 0 else 'raises'} test bpc "
-                         f"by {abs(delta):.4f}")  # fmt: skip
+                         f"by {abs(delta):.4f}{compare.difference_text(with_memory, without, 4)}")  # fmt: skip
     reused = sweep.commits_lines(s, results["runs"], _name)
     lines += [
         *(found or ["- none"]),
@@ -255,11 +266,12 @@ def main() -> None:
             {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),
              "test_bpc": evaluated[run.name]["test"]["bpc"],
              "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position"),
+             "test_windows": sweep.windows_of(run.workdir, "test"),
              "valid_by_step": sweep.validation_curve(run.workdir)}
             for (scheme, mem_len, seed), run in runs.items()
         ] + list(reused.values()),
     }  # fmt: skip
-    sweep.write(out / "ablation.json", results)
+    sweep.write(out / "ablation.json", results)  # the windows beside it, in ablation_windows.npz
     (out / "ablation.md").write_text(render(results))
     plot(results, out / "ablation.png")
     plot_positions(results, out / "ablation_positions.png")

@@ -3,7 +3,9 @@
     .venv/bin/python -m bench.leaderboard [--results docs/results] [--out docs/results]
 
 Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--out``, a row for each
-scheme × memory and a column for each measure, mean ± sd over seeds (n, the number of seeds):
+scheme × memory and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
+mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
+from ``ablation_windows.npz``; ``sweep.Compare``):
 
 - test bpc: ``bench.ablation`` (``ablation.json``), memory as trained;
 - bpc at 4× and 16× the training length: ``bench.extrapolation`` (``extrapolation.json``), models
@@ -38,6 +40,13 @@ COLUMNS = ("test bpc", "bpc at 4×", "bpc at 16×", "RECL (r = 0.1)", "needle ac
 def _ablation(results: dict, cells: dict) -> None:
     for run in results["runs"]:
         cells.setdefault((run["scheme"], run["memory"] > 0, "test bpc"), []).append(run["test_bpc"])
+
+
+def _ablation_windows(results: dict, windows: dict) -> None:
+    """Each run's test windows (None where it kept none), in the order of ``_ablation``'s bpc."""
+    for run in results["runs"]:
+        key = (run["scheme"], run["memory"] > 0, "test bpc")
+        windows.setdefault(key, []).append(run.get("test_windows"))
 
 
 def _extrapolation(results: dict, cells: dict) -> None:
@@ -78,40 +87,66 @@ SOURCES = {  # file: (what it fills, the column it feeds)
     "recl.json": (_recl, "RECL"),
     "probe_needle.json": (_needle, "needle accuracy"),
 }
+WINDOWS_SOURCES = {"ablation.json": _ablation_windows}  # the columns whose runs keep windows
 
 
-def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict]]:
-    """({(scheme, memory?, column): [value of each seed]}, {file: its settings})."""
+def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict], dict]:
+    """({(scheme, memory?, column): [value of each seed]}, {file: its settings}, the same keys ->
+    [each seed's evaluation windows or None], where a sweep keeps them)."""
     cells: dict[tuple[str, bool, str], list[float]] = {}
+    windows: dict[tuple[str, bool, str], list] = {}
     sources = {}
     for name, (fill, _) in SOURCES.items():
         results = sweep.load(results_dir / name)
         if results is not None:
             fill(results, cells)
+            if name in WINDOWS_SOURCES:
+                WINDOWS_SOURCES[name](results, windows)
             sources[name] = {**results["settings"], "contexts": results.get("contexts")}
-    return cells, sources
+    return cells, sources, windows
 
 
-def _cell(values: list[float] | None, digits: int, longest: float | None = None) -> str:
-    """Mean ± sd (seeds); "≥" where a seed reached ``longest`` (RECL's longest context: a lower
-    bound)."""
+def _cell(
+    values: list[float] | None,
+    digits: int,
+    longest: float | None = None,
+    compare: sweep.Compare | None = None,
+    key=None,
+) -> str:
+    """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; "≥" where a seed reached
+    ``longest`` (RECL's longest context: a lower bound)."""
     if not values:
         return NOT_MEASURED
     bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
-    return f"{bound}{sweep.mean_sd_text(values, digits)} ({len(values)})"
+    text = compare.cell(key, digits) if compare else sweep.mean_sd_text(values, digits)
+    return f"{bound}{text} ({len(values)})"
 
 
-def render(cells: dict, sources: dict[str, dict]) -> str:
+def _comparisons(cells: dict, windows: dict) -> dict[str, sweep.Compare]:
+    """Each column's ``sweep.Compare`` over its cells: the bootstrap rule where all of them have
+    windows."""
+    return {
+        column: sweep.Compare({k: v for k, v in cells.items() if k[2] == column and v}, windows)
+        for column in COLUMNS
+    }
+
+
+def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -> str:
     digits = {"RECL (r = 0.1)": 0, "needle accuracy": 3}
     contexts = (sources.get("recl.json") or {}).get("contexts")
     longest = {"RECL (r = 0.1)": contexts[-1]} if contexts else {}
+    compare = {c: k for c, k in _comparisons(cells, windows or {}).items() if k.bootstrap}
+    intervals = "".join(
+        f" The {column} column reads {k.summary_rule}." for column, k in compare.items()
+    )
     lines = [
         "# Leaderboard: every position scheme, with memory and without",
         "",
         "Gathered by `python -m bench.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
         "and accuracy. Bpc at 4× and 16× the training length is measured on models trained "
-        "without memory. The settings of each measure (sizes, steps, memory) are in its table.",
+        "without memory. The settings of each measure (sizes, steps, memory) are in its table."
+        f"{intervals}",
         "",
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
@@ -127,7 +162,8 @@ def render(cells: dict, sources: dict[str, dict]) -> str:
                     row.append(NOT_APPLICABLE)
                     continue
                 values = cells.get((scheme, memory, column))
-                row.append(_cell(values, digits.get(column, 4), longest.get(column)))
+                row.append(_cell(values, digits.get(column, 4), longest.get(column),
+                                 compare.get(column), (scheme, memory, column)))  # fmt: skip
             lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
     lines += [
         "",
