@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from relpos_jax.config import ConfigError, MeshConfig
-from relpos_jax.evaluate import restore_model, run_eval
+from relpos_jax.evaluate import load_windows, restore_model, run_eval
 from relpos_jax.train import Trainer
 from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
 
@@ -117,17 +117,24 @@ def test_the_cli_trains_then_resumes_and_evaluates_on_other_device_counts(tiny, 
     assert one.returncode == 0, one.stderr
     assert one.stdout.splitlines()[0].startswith("resuming from step 2")
     # 4 rows: the batch and the key/value memory split over two devices, then on one: same scores
-    scores = {}
+    scores, windows = {}, {}
     for devices, more in (("2", []), ("1", ["--sample", "8"])):
         evaluated = run_cli(
             "eval.py", *flags, "--config.eval.batch_size=4", *more, JAX_NUM_CPU_DEVICES=devices
         )
         assert evaluated.returncode == 0, evaluated.stderr
         scores[devices] = json.loads((tmp_path / "eval.json").read_text())
+        windows[devices] = {s: load_windows(tmp_path, s) for s in ("valid", "test")}
     assert scores["2"]["step"] == scores["1"]["step"] == 4
     for split in ("valid", "test"):
         assert scores["2"][split]["tokens"] == scores["1"][split]["tokens"]
         assert scores["2"][split]["bpc"] == pytest.approx(scores["1"][split]["bpc"], rel=1e-5)
+        # each row of each segment beside eval.json, in the same order on one device and on two
+        two, one = windows["2"][split], windows["1"][split]
+        assert two["layout"] == one["layout"] == scores["1"][split]["windows"]["layout"]
+        np.testing.assert_array_equal(two["tokens"], one["tokens"])
+        np.testing.assert_allclose(two["bits"], one["bits"], rtol=1e-4)
+        assert two["tokens"].sum() == scores["1"][split]["tokens"]
 
 
 @pytest.mark.slow
