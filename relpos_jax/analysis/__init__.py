@@ -1,1 +1,2 @@
-"""Reading trained models, never changing them: RECL, memory probes, plots, and the demo."""
+"""Reading trained models, never changing them: RECL, memory probes, plots, the demo, and bootstrap
+intervals of their scores."""
