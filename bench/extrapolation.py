@@ -33,7 +33,11 @@ NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3, at the factors the papers us
 ``--extensions-up-to``, 8). YaRN's β are rotation counts over the trained length: its defaults (32,
 1) are for L₀ = 4,096; ``yarn_betas`` scales them to L₀ so that the same share of the head's
 frequencies is kept, ramped and interpolated (the frequencies are fractions of the head dim, so
-the head dim does not change the share).
+the head dim does not change the share). Position interpolation is also fine-tuned, as its paper
+does: ``--pi-steps`` steps (default 50, a tenth of pretraining) of each seed's RoPE run at each of
+those factors with positions scaled by 1 / factor (``configs/rope_pi.py``, ``train.init_from``),
+scored at that length (row ``rope+linear, fine-tuned``). These runs start from their RoPE run, so
+``--dry-run`` lists them after it: a scheduler must run them once it has finished.
 
 Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
 sd over seeds) and ``extrapolation.png`` from it.
@@ -41,6 +45,7 @@ sd over seeds) and ``extrapolation.png`` from it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import pathlib
@@ -54,6 +59,7 @@ from bench.measure import ROOT
 from relpos_jax.config import load_config
 
 ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+PI_LABEL = "rope+linear, fine-tuned"  # position interpolation with its short fine-tune
 SIZED = ("shaw", "t5", "deberta")  # the schemes whose tables the "sized" variant changes
 PROTOCOLS = ("non-overlapping", "sliding")
 
@@ -127,6 +133,40 @@ def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
     return runs
 
 
+def pi_factors(args) -> list[int]:
+    """The factors RoPE is fine-tuned at by position interpolation: the swept ones from 2 up to
+    ``--extensions-up-to`` (none without ``--pi-steps`` or RoPE's defaults run)."""
+    if not args.pi_steps or "rope" not in args.schemes or "defaults" not in args.variants:
+        return []
+    return [f for f in args.factors if 2 <= f <= args.extensions_up_to]
+
+
+def pi_runs_of(args, runs: dict) -> dict[tuple[str, str, int], sweep.Run]:
+    """Each seed's fine-tune of its RoPE run (``runs``) at each ``pi_factors`` factor, by
+    (``"rope"``, ``"pi<factor>"``, seed)."""
+    pi_runs = {}
+    for factor in pi_factors(args):
+        for seed in args.seeds:
+            base = runs["rope", "defaults", seed]
+            batch = load_config(ROOT / base.config, list(base.settings)).data.batch_size
+            start = (
+                base.workdir.relative_to(ROOT)
+                if base.workdir.is_relative_to(ROOT)
+                else base.workdir
+            )
+            name = f"rope_pi{factor}_len{args.train_len}_seed{seed}"
+            settings = (
+                *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",
+                "train.eval_every=0", "model.mem_len=0",
+                f"data.segment_len={args.train_len * factor}",
+                f"data.batch_size={max(1, batch // factor)}", f"train.init_from={start}",
+            )  # fmt: skip
+            pi_runs["rope", f"pi{factor}", seed] = sweep.Run(
+                name, pathlib.Path(args.runs) / name, f"configs/rope_pi.py:{factor}", settings
+            )
+    return pi_runs
+
+
 def measure(model, stream, length: int, protocols, args) -> dict[str, float]:
     """Test bpc at evaluation length ``length`` under each of ``protocols``."""
     from relpos_jax.evaluate import evaluate, evaluate_sliding
@@ -157,9 +197,11 @@ def labels_of(scheme: str) -> tuple[tuple[str, str | None], ...]:
     return ((scheme, None), *((f"rope+{kind}", kind) for kind in extensions))
 
 
-def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, float]]]:
-    """{label: {protocol: {L: bpc}}} of one run at ``args.lengths`` (its scheme, and RoPE's
-    extensions). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
+def score(
+    run: sweep.Run, labels, lengths: list[int], args
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{label: {protocol: {L: bpc}}} of one run at ``lengths`` for each ``(label, RoPE extension)``
+    of ``labels`` (``labels_of``: its scheme, and RoPE's extensions). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
     measured (for these tokens and stride), so a stopped sweep goes on from the next length."""
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
@@ -169,9 +211,9 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
     stored = json.loads(cache.read_text()) if cache.exists() else {}
     bpc: dict = stored["bpc"] if stored.get("key") == key else {}
     model = None
-    for label, kind in labels_of(scheme):
+    for label, kind in labels:
         rows = bpc.setdefault(label, {p: {} for p in PROTOCOLS})
-        for length in args.lengths:
+        for length in lengths:
             if kind is not None and length > args.train_len * args.extensions_up_to:
                 continue  # beyond the factors the extensions are published for
             todo = [p for p in protocols_at(length, args) if str(length) not in rows[p]]
@@ -179,8 +221,8 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
                                                              args.train_len)  # fmt: skip
             if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
                 for protocol in todo:
-                    if str(length) in bpc[scheme][protocol]:
-                        rows[protocol][str(length)] = bpc[scheme][protocol][str(length)]
+                    if str(length) in bpc[labels[0][0]][protocol]:
+                        rows[protocol][str(length)] = bpc[labels[0][0]][protocol][str(length)]
                 todo = []
             if not todo or args.scored_only:
                 continue
@@ -200,7 +242,7 @@ def score(run: sweep.Run, scheme: str, args) -> dict[str, dict[str, dict[str, fl
             cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
             values = " / ".join(f"{p} {v:.4f}" for p, v in measured.items())
             print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
-    wanted = {str(n) for n in args.lengths}
+    wanted = {str(n) for n in lengths}
     keep = lambda by_length: {n: v for n, v in by_length.items() if n in wanted}  # noqa: E731
     return {label: {p: keep(v) for p, v in rows.items()} for label, rows in bpc.items()}
 
@@ -375,6 +417,10 @@ def main() -> None:
         "--extensions-up-to", type=int, default=8,
         help="score RoPE's extensions only up to this factor (the papers' zero-shot range)",
     )  # fmt: skip
+    parser.add_argument(
+        "--pi-steps", type=int, default=50,
+        help="position interpolation's fine-tune of each RoPE run at 2× … (0: none)",
+    )  # fmt: skip
     parser.add_argument("--tokens", type=int, default=0, help="test tokens scored (0: all)")
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
     parser.add_argument("--batch-tokens", type=int, default=32768)
@@ -396,10 +442,13 @@ def main() -> None:
     sizing = [s for s in args.schemes if s in SIZED and "sized" in args.variants]
     args.sized_as_defaults = [s for s in sizing if sized_as_defaults(s, args.train_len)]
     runs = runs_of(args)
-    finished = sweep.finish(runs, args)
-    if finished is None:  # --dry-run
+    pi_runs = pi_runs_of(args, runs)
+    if args.dry_run:  # the fine-tunes after the runs they start from
+        print(sweep.dry_run([*runs.values(), *pi_runs.values()]))
         return
-    runs, _, missing = finished
+    runs, _, missing = sweep.finish(runs, args)
+    pi_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})
+    pi_runs, _, pi_missing = sweep.finish(pi_runs, pi_args)
     results = {
         "settings": sweep.settings(
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
@@ -407,12 +456,19 @@ def main() -> None:
             extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
             sized_as_defaults=args.sized_as_defaults,
-            sets=list(args.set), missing=missing,
+            pi_steps=args.pi_steps, pi_factors=pi_factors(args), sets=list(args.set),
+            missing=missing + pi_missing,
         ),
         "runs": [
             {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": bpc}
             for (scheme, variant, seed), run in runs.items()
-            for label, bpc in score(run, scheme, args).items()
+            for label, bpc in score(run, labels_of(scheme), args.lengths, args).items()
+        ] + [
+            {"scheme": scheme, "variant": "defaults", "seed": seed, "label": label, "bpc": bpc}
+            for (scheme, variant, seed), run in pi_runs.items()
+            for label, bpc in score(
+                run, ((PI_LABEL, None),), [args.train_len * int(variant[2:])], args
+            ).items()
         ],
     }  # fmt: skip
     sweep.publish(args.out, "extrapolation", results, render, plot)

@@ -36,7 +36,8 @@ def load_config(
     """The ConfigDict of a config file (``get_config()``), as ``--config path`` would load it, with
     ``overrides`` such as ``"model.mem_len=0"`` applied by the same parser as ``--config.model.mem_len=0``
     on the command line (so a sweep's settings read exactly as its ``train.py`` command lines)."""
-    path = pathlib.Path(path)
+    given = str(path)  # path or path:argument, for get_config(argument)
+    path = pathlib.Path(given.partition(":")[0])
     if not path.is_file():
         fail("config", str(path), "pass an existing config file such as configs/txl_small.py")
     # Config files import their siblings (``from configs import base``): make the folder's parent
@@ -44,7 +45,7 @@ def load_config(
     root = str(path.resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    argv = ["load_config", f"--config={path}", *(f"--config.{o}" for o in overrides)]
+    argv = ["load_config", f"--config={given}", *(f"--config.{o}" for o in overrides)]
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file(
         "config", None, "config file", flag_values=flag_values, lock_config=False, sys_argv=argv

@@ -69,7 +69,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",
         "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
         "--tokens", "40", "--stride", "3", "--tiled-from", "16", "--sliding-up-to", "8",
-        *(f"--set={s}" for s in sets),
+        "--pi-steps", "2", *(f"--set={s}" for s in sets),
     )  # fmt: skip
     for factors in ("1,2", "1,2,4"):  # the second run scores only the new length
         result = subprocess.run(
@@ -90,10 +90,18 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
     labels = {(r["label"], r["variant"]) for r in results["runs"]}
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
-        (f"rope+{kind}", "defaults") for kind in extrapolation.ROPE_EXTENSIONS
+        (f"rope+{kind}", "defaults")
+        for kind in (*extrapolation.ROPE_EXTENSIONS, "linear, fine-tuned")
     }
-    lengths = [{p: set(v) for p, v in r["bpc"].items()} for r in results["runs"]]
-    assert all(n == {"non-overlapping": {"8", "16", "32"}, "sliding": {"8"}} for n in lengths)
+    lengths = {
+        (r["label"], r["seed"], *(tuple(sorted(v)) for v in r["bpc"].values()))
+        for r in results["runs"]
+        if r["label"] != extrapolation.PI_LABEL
+    }
+    assert {n[2:] for n in lengths} == {(("16", "32", "8"), ("8",))}
+    fine_tuned = [r["bpc"] for r in results["runs"] if r["label"] == extrapolation.PI_LABEL]
+    assert [set(b["non-overlapping"]) for b in fine_tuned] == [{"16"}, {"32"}]  # 2×, then 4×
+    assert (tmp_path / "runs" / "rope_pi4_len8_seed0" / "eval.json").exists()
     assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation.render(results)
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
