@@ -55,13 +55,23 @@ class Run:
         return [["python", "train.py", *flags], ["python", "eval.py", *flags, *self.eval_flags]]
 
     def result(self, steps: int) -> dict | None:
-        """The run's ``eval.json`` if it finished ``steps`` steps, else None."""
+        """The run's ``eval.json`` if it finished ``steps`` steps on the corpus partition its
+        settings name, else None."""
         done = self.workdir / "eval.json"
         if done.exists():
             result = json.loads(done.read_text())
-            if result.get("step") == steps:
+            if result.get("step") == steps and self._same_partition(result):
                 return result
         return None
+
+    def _same_partition(self, result: dict) -> bool:
+        """Whether ``eval.json`` was measured on the pystdlib partition this run asks for (one
+        without the field predates partitions: "hash")."""
+        from relpos_jax.config import load_config
+
+        data = load_config(ROOT / self.config, list(self.settings)).data
+        recorded = result.get("data", {}).get("partition", "hash")
+        return data.name != "pystdlib" or recorded == data.partition
 
 
 def validation_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
@@ -132,14 +142,32 @@ def missing_lines(settings: dict) -> list[str]:
 
 
 def settings(command: Sequence[str], **more) -> dict:
-    """The sweep's settings as the JSON keeps them: its command, commit, machine and date."""
+    """The sweep's settings as the JSON keeps them: its command, commit, machine, date and the
+    corpus partition its runs use."""
     return {
         "command": shlex.join(["python", "-m", *command]),
         "commit": measure.commit(),
         "machine": measure.machine(),
         "date": datetime.date.today().isoformat(),
+        "partition": partition_of(command),
         **more,
     }
+
+
+def partition_of(command: Sequence[str]) -> str:
+    """The pystdlib partition (``data.partition``) a sweep's command line sets for its runs (``--set
+    data.partition=…``), else configs/base.py's default."""
+    from relpos_jax.config import defaults
+
+    given = [a.rsplit("data.partition=", 1)[1] for a in command if "data.partition=" in a]
+    return given[-1] if given else defaults().data.partition
+
+
+def partition_text(settings: dict) -> str:
+    """The partition a sweep's results were measured on, for its table ("hash" where the JSON
+    predates the field)."""
+    name = settings.get("partition", "hash")
+    return f"pystdlib partition `{name}` (`relpos_jax/data/partition.py`)"
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -335,6 +363,8 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
     settings = earlier["settings"]
     if any(settings.get(name) != value for name, value in same.items()):
         return {}
+    if settings.get("partition", "hash") != partition_of(sys.argv[1:]):
+        return {}  # measured on another split of the corpus
     return {
         tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
     }

@@ -6,6 +6,7 @@ float tolerance (the sums run in another order)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -102,3 +103,5 @@ def test_an_evaluation_killed_mid_way_says_in_its_first_line_that_it_restarts(ti
     first = again.stdout.splitlines()[0]
     assert first.startswith("restarting the evaluation from the first token: the one started")
     assert (workdir / "eval.json").exists() and not (workdir / "eval.running").exists()
+    recorded = json.loads((workdir / "eval.json").read_text())["data"]  # what sweeps reuse it by
+    assert recorded == {"name": "text", "partition": "dedup"}

@@ -198,7 +198,8 @@ def test_a_runs_validation_curve_keeps_one_value_a_step(tmp_path):
 def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_path):
     done, pending = (sweep.Run(n, tmp_path / n, "configs/txl_small.py", ()) for n in ("a", "b"))
     done.workdir.mkdir()
-    (done.workdir / "eval.json").write_text(json.dumps({"step": 7, "test": {"bpc": 2.0}}))
+    finished = {"step": 7, "test": {"bpc": 2.0}, "data": {"name": "pystdlib", "partition": "dedup"}}
+    (done.workdir / "eval.json").write_text(json.dumps(finished))
     options = argparse.Namespace(dry_run=False, finished_only=True, steps=7)
     runs, evaluated, missing = sweep.finish({"a": done, "b": pending}, options)
     assert list(runs) == ["a"] and list(evaluated) == ["a"] and missing == ["b"]
@@ -284,3 +285,18 @@ def test_a_killed_recl_sweep_keeps_the_groups_it_measured_while_their_runs_are_u
     assert recl.measured_before(earlier, now, 0, group[:1]) is None  # another group
     (group[1][3] / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.5}}))
     assert recl.measured_before(earlier, now, 0, group) is None  # retrained: measured again
+
+
+def test_a_run_measured_on_another_corpus_partition_is_not_reused(tmp_path):
+    run = sweep.Run("a", tmp_path / "a", "configs/txl_small.py", ())
+    run.workdir.mkdir()
+    older = {"step": 7, "test": {"bpc": 2.0}}  # written before partitions: the hash one
+    (run.workdir / "eval.json").write_text(json.dumps(older))
+    assert run.result(7) is None
+    hashed = sweep.Run("a", tmp_path / "a", "configs/txl_small.py", ("data.partition=hash",))
+    assert hashed.result(7) == older
+    settings = sweep.settings(["bench.ablation", "--set", "data.partition=hash"])
+    assert settings["partition"] == "hash" and sweep.settings(["x"])["partition"] == "dedup"
+    results = {**_results(), "settings": {**_results()["settings"], "partition": "hash"}}
+    sweep.write(tmp_path / "ablation.json", results)
+    assert not sweep.recorded(tmp_path / "ablation.json", ("scheme",))  # this sweep: dedup
