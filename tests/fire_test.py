@@ -14,6 +14,7 @@ from flax import nnx
 from relpos_jax import TransformerLM, schemes
 from relpos_jax.attention import Attention
 from relpos_jax.config import ModelConfig
+from relpos_jax.schemes import fire
 
 CFG = ModelConfig.from_any(dict(position="fire", d_model=16, n_heads=4, d_ff=32, init_std=0.5))
 
@@ -29,7 +30,8 @@ def _reference(attention, q_pos, k_pos):
         for k, v in vars(attention).items()
         if k.startswith("fire_")
     }
-    c, threshold = abs(float(p["fire_c"])), abs(float(p["fire_L"]))
+    init_l = fire.threshold(attention.config)
+    c, threshold = abs(float(p["fire_c"])), abs(float(p["fire_L_multiplier"]) * init_l)
     want = np.zeros((CFG.n_heads, len(q_pos), len(k_pos)))
     for i, qi in enumerate(q_pos):
         for j, kj in enumerate(k_pos):
@@ -43,7 +45,7 @@ def test_fire_bias_matches_its_formula_below_and_above_the_threshold():
     attention = Attention(CFG, rngs=nnx.Rngs(0))
     q_pos, k_pos = np.arange(4, 12), np.arange(0, 12)
     for threshold in (512.0, 6.0):  # every query below L; queries on both sides of L
-        attention.fire_L.set_value(jnp.asarray(threshold))
+        attention.fire_L_multiplier.set_value(jnp.asarray(threshold / fire.threshold(CFG)))
         want = _reference(attention, q_pos, k_pos)
         np.testing.assert_allclose(_bias(attention, q_pos, k_pos), want, rtol=1e-5, atol=1e-6)
 
@@ -51,7 +53,7 @@ def test_fire_bias_matches_its_formula_below_and_above_the_threshold():
 def test_fire_normaliser_follows_the_query_position():
     """Past the threshold the same distance gets another bias at another query position."""
     attention = Attention(CFG, rngs=nnx.Rngs(1))
-    attention.fire_L.set_value(jnp.asarray(4.0))
+    attention.fire_L_multiplier.set_value(jnp.asarray(4.0 / fire.threshold(CFG)))
     near = _bias(attention, np.array([10]), np.array([7]))  # distance 3 at i = 10
     far = _bias(attention, np.array([1000]), np.array([997]))  # distance 3 at i = 1000
     assert np.abs(near - far).max() > 1e-4
@@ -63,7 +65,7 @@ def test_fire_parameters_get_gradients_and_masked_keys_give_no_nan():
     grads = nnx.jit(nnx.grad(lambda m, tokens: m(tokens, m.init_mems(2))[0].std()))(model, tokens)
     named = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(grads)}
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in named.values())
-    for param in ("fire_w1", "fire_w2", "fire_c", "fire_L"):
+    for param in ("fire_w1", "fire_w2", "fire_c", "fire_L_multiplier"):
         (stacked,) = [leaf for name, leaf in named.items() if param in name]  # [layers, ...]
         assert stacked.shape[0] == CFG.n_layers
         assert all(float(jnp.abs(layer).sum()) > 0 for layer in stacked), param
@@ -103,7 +105,7 @@ def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
     cfg = run()
     assert cfg.model.fire_threshold == 24 + 40  # memory + segment
     model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(model.blocks.attention.fire_L[...], [64.0, 64.0])
+    np.testing.assert_array_equal(fire.learned_threshold(model.blocks.attention), [64.0, 64.0])
     # the longest query position + 1 of a training window (memory full): the threshold
     states = jnp.zeros((2, 1, 24, 16))
     ctx = model._position_context(memory_lib.Memory(states, jnp.asarray(24)), 40, 0, None, True)
@@ -111,10 +113,10 @@ def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
     assert run(model=dict(mem_len=0)).model.fire_threshold == 40  # no memory: the segment
     assert run(model=dict(fire_threshold=100)).model.fire_threshold == 100  # set: kept
     set_model = TransformerLM(run(model=dict(fire_threshold=100)).model, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(set_model.blocks.attention.fire_L[...], [100.0, 100.0])
+    np.testing.assert_array_equal(fire.learned_threshold(set_model.blocks.attention), [100.0] * 2)
     # a model section alone (a notebook): mem_len + base.py's data.segment_len (128)
     alone = TransformerLM(dict(position="fire", d_model=16, n_heads=4, mem_len=8), rngs=nnx.Rngs(0))
-    assert float(alone.blocks.attention.fire_L[...][0]) == 8 + 128
+    assert float(fire.learned_threshold(alone.blocks.attention)[0]) == 8 + 128
     assert run(model=dict(position="t5")).model.fire_threshold is None  # only FIRE's own field
     with pytest.raises(ConfigError, match=r"^model\.fire_threshold=0 is invalid"):
         run(model=dict(fire_threshold=0))

@@ -14,7 +14,10 @@ gradients.
 The paper makes ``L`` a learnable threshold of the normaliser (§3.2, "thresholding the normalizer
 for better short sequence modeling": queries before ``L`` share the normaliser ``ψ(L)``, so that
 short contexts are not squeezed into a narrow range), and the PyTorch listing of its appendix
-starts ``c`` at 0.1 and ``L`` at 512. Here ``L`` starts at ``model.fire_threshold``, by default
+starts ``c`` at 0.1 and learns ``L`` as ``|L_multiplier · init_L|``: a multiplier starting at 1
+times a constant ``init_L`` (512 there), so that under Adam ``L`` moves in proportion to its
+size (learning ``L`` itself, it would move by about the learning rate a step: frozen). Here
+``init_L`` is ``model.fire_threshold``, by default
 (None) the training attention window: ``data.segment_len + model.mem_len``, the longest query
 position + 1 a training step has (``config.training_window``; a model section built without its
 config's data section takes base.py's segment length). So a training window's inputs span
@@ -53,6 +56,11 @@ def threshold(cfg: Any) -> int:
     return training_window(cfg)
 
 
+def learned_threshold(attention: Any) -> jax.Array:
+    """``L = |L_multiplier · init_L|`` of a layer, ``init_L`` its config's ``threshold``."""
+    return jnp.abs(attention.fire_L_multiplier[...] * threshold(attention.config))
+
+
 def _uniform(rngs: nnx.Rngs, shape: tuple[int, ...], bound: float) -> nnx.Param:
     return nnx.Param(jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound))
 
@@ -73,7 +81,7 @@ class Fire(Scheme):
             "fire_w2": normal_param(rngs, (HIDDEN, n), std, (None, "heads")),
             "fire_b2": nnx.Param(jnp.zeros((n,), jnp.float32)),
             "fire_c": nnx.Param(jnp.asarray(INIT_C, jnp.float32)),
-            "fire_L": nnx.Param(jnp.asarray(threshold(cfg), jnp.float32)),
+            "fire_L_multiplier": nnx.Param(jnp.asarray(1.0, jnp.float32)),
         }
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
@@ -85,7 +93,7 @@ class Fire(Scheme):
         """Not a table: the kernels evaluate the bias in each tile from these parameters."""
         return {
             "fire": {
-                "c": jnp.abs(attention.fire_c[...]), "threshold": jnp.abs(attention.fire_L[...]),
+                "c": jnp.abs(attention.fire_c[...]), "threshold": learned_threshold(attention),
                 "first_query": context["first_query"], "w1": attention.fire_w1[...],
                 "b1": attention.fire_b1[...], "w2_HN": attention.fire_w2[...],
                 "b2_N": attention.fire_b2[...],
@@ -93,7 +101,7 @@ class Fire(Scheme):
         }  # fmt: skip
 
     def bias(self, attention, tile: Tile, context) -> jax.Array:
-        c, threshold = jnp.abs(attention.fire_c[...]), jnp.abs(attention.fire_L[...])
+        c, threshold = jnp.abs(attention.fire_c[...]), learned_threshold(attention)
         q_pos = tile.q_pos.astype(jnp.float32)
         distance = jnp.maximum(q_pos[:, None] - tile.k_pos[None, :].astype(jnp.float32), 0.0)
         normaliser = jnp.log1p(c * jnp.maximum(threshold, q_pos))  # ψ(max(L, i)) [I]
