@@ -13,8 +13,9 @@ from ``ablation_windows.npz``; ``sweep.Compare``):
   it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
 - RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), in the group of every scheme's runs,
   "≥" where a seed still gained at the longest context measured (a lower bound);
-- needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the probe's distances; the
-  rows with memory from its ``memory`` condition, those without from ``in_segment``.
+- needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the distances the probe
+  trains on (over every distance scored, for a JSON that predates that record); the rows with
+  memory from its ``memory`` condition, those without from ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
 reads "not measured"; learned absolute positions read "n/a" at 4× and 16× (the extrapolation sweep
@@ -73,9 +74,11 @@ def _recl(results: dict, cells: dict) -> None:
 
 def _needle(results: dict, cells: dict) -> None:
     rows = {"memory": True, "in_segment": False}
+    low, high = results["settings"].get("trained", (0, float("inf")))
     for run in results["runs"]:
-        if run["condition"] in rows and run.get("curve"):
-            accuracy = statistics.mean(point["byte_accuracy"] for point in run["curve"])
+        trained = [p for p in run.get("curve", ()) if low <= p["distance"] <= high]
+        if run["condition"] in rows and trained:
+            accuracy = statistics.mean(point["byte_accuracy"] for point in trained)
             cells.setdefault((run["scheme"], rows[run["condition"]], "needle accuracy"), []).append(
                 accuracy
             )

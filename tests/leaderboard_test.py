@@ -82,3 +82,14 @@ def _full(folder):
         for p in POSITIONS for c in ("memory", "in_segment")
     ])  # fmt: skip
     return leaderboard.gather(folder)
+
+
+def test_the_needle_column_averages_only_the_trained_distances():
+    curve = [{"distance": 8, "byte_accuracy": 1.0}, {"distance": 64, "byte_accuracy": 0.1}]
+    run = {"scheme": "txl", "condition": "memory", "seed": 0, "curve": curve}
+    cells: dict = {}
+    leaderboard._needle({"settings": {"trained": [8, 48]}, "runs": [run]}, cells)
+    assert cells == {("txl", True, "needle accuracy"): [1.0]}
+    cells = {}
+    leaderboard._needle({"settings": {}, "runs": [run]}, cells)  # before the range was recorded
+    assert cells == {("txl", True, "needle accuracy"): [0.55]}
