@@ -149,7 +149,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
         "and accuracy. Bpc at 4× and 16× the training length is measured on models trained "
         "without memory. The settings of each measure (sizes, steps, memory) are in its table."
-        f"{intervals}",
+        f"{intervals} Claim by claim against the papers: [papers.md](papers.md).",
         "",
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),

@@ -1,0 +1,297 @@
+"""This project against the papers, claim by claim: rendered from the sweeps' JSONs in
+``docs/results`` and the published figures below (``../shared/REFERENCES.md`` holds their sources).
+
+    .venv/bin/python -m bench.papers [--results docs/results] [--out docs/results]
+
+Each claim a paper makes is checked on this project's runs of the same comparison, and judged:
+
+- **agrees** / **disagrees**: the runs order the two sides as the paper does, or the other way,
+  by the rule of the sweep's own tables (``sweep.Compare``: the bootstrap interval of the paired
+  difference excludes zero where the runs kept windows, else the means differ by more than twice the
+  larger seed spread);
+- **not resolved**: the runs do not separate the two sides by that rule;
+- **not comparable**: the runs measured something else (an implementation or protocol that has
+  changed since, named with the commit that changed it) or nothing yet.
+
+The scales differ, and the table says how: the papers train word- or token-level models of 100M+
+parameters for 100k+ steps; these runs are byte-level, millions of parameters, minutes on a CPU. A
+claim about an ordering can carry over; a number cannot, so numbers are never compared, only
+orders. Writes ``papers.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import statistics
+import subprocess
+from collections.abc import Callable
+
+from bench import args as options
+from bench import sweep
+from bench.measure import ROOT
+
+# What changed a measurement's meaning since: a JSON measured at a commit that does not contain
+# ``commit`` measured the former version.
+CHANGES = {
+    "partition": ("5db85fa", "on the former hash split of the corpus"),
+    "kerple": ("8a0feb0", "with the former KERPLE (per layer, a forward clamp)"),
+    "fire": ("d92df9f", "with the former FIRE (L = 512, w1 ~ N(0, 1), L learned directly)"),
+    "yarn": ("fc5d76e", "with YaRN's β for L₀ = 4,096"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    verdict: str  # agrees | disagrees | not resolved | not comparable
+    ours: str  # this project's figures, as measured
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    source: str  # paper, table
+    claim: str
+    paper: str  # the published figures
+    judge: Callable[[dict, Callable[[str, str], bool]], Verdict]  # (results by file, contains)
+
+
+def order(a: list[float], b: list[float], names: tuple[str, str], digits: int = 4) -> Verdict:
+    """Whether ``a`` lies below ``b`` (a paper's "a is better": lower bpc), by the spread rule."""
+    if not a or not b:
+        return Verdict("not comparable", "not measured", "the sweep has not run this pair")
+    text = (
+        f"{names[0]} {sweep.mean_sd_text(a, digits)} vs {names[1]} "
+        f"{sweep.mean_sd_text(b, digits)} ({min(len(a), len(b))} seeds)"
+    )
+    if not sweep.apart(a, b):
+        return Verdict("not resolved", text, "within twice the larger seed spread")
+    below = statistics.mean(a) < statistics.mean(b)
+    return Verdict("agrees" if below else "disagrees", text)
+
+
+def _ablation(results: dict, scheme: str, memory: bool) -> list[float]:
+    runs = results.get("ablation.json", {}).get("runs", [])
+    return [r["test_bpc"] for r in runs if r["scheme"] == scheme and (r["memory"] > 0) == memory]
+
+
+def _extrapolated(results: dict, label: str, factor: int) -> list[float]:
+    e = results.get("extrapolation.json")
+    if e is None:
+        return []
+    length = str(e["settings"]["train_len"] * factor)
+    return [
+        r["bpc"]["non-overlapping"][length]
+        for r in e["runs"]
+        if r["label"] == label and r["variant"] == "defaults"
+        and length in r["bpc"]["non-overlapping"]
+    ]  # fmt: skip
+
+
+def _stale(results: dict, name: str, changes: tuple[str, ...], contains) -> str:
+    """Why ``name``'s JSON measured a former version ("" where it is current)."""
+    measured = results.get(name, {}).get("settings", {}).get("commit")
+    if measured is None:
+        return ""
+    older = [CHANGES[c] for c in changes if not contains(measured, CHANGES[c][0])]
+    if not older:
+        return ""
+    return f"measured at {measured} " + ", ".join(f"{what} ({commit})" for commit, what in older)
+
+
+def _table6(a: tuple[str, bool], b: tuple[str, bool], label: tuple[str, str]):
+    def judge(results: dict, contains) -> Verdict:
+        verdict = order(_ablation(results, *a), _ablation(results, *b), label)
+        stale = _stale(results, "ablation.json", ("partition",), contains)
+        return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
+
+    return judge
+
+
+def _extrapolation(longer: tuple[str, int], shorter: tuple[str, int], changes=()):
+    """``longer``'s bpc below ``shorter``'s (label, factor each), e.g. ALiBi at 4× no worse than
+    at 1×; ``changes``: the implementations the claim depends on (``CHANGES``)."""
+
+    def judge(results: dict, contains) -> Verdict:
+        names = (f"{longer[0]} at {longer[1]}×", f"{shorter[0]} at {shorter[1]}×")
+        verdict = order(_extrapolated(results, *longer), _extrapolated(results, *shorter), names)
+        stale = _stale(results, "extrapolation.json", ("partition", *changes), contains)
+        if any(c != "partition" and CHANGES[c][1] in stale for c in changes):
+            return Verdict("not comparable", verdict.ours, stale)
+        return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
+
+    return judge
+
+
+def _recl(results: dict, contains) -> Verdict:
+    r = results.get("recl.json")
+    if r is None:
+        return Verdict("not comparable", "not measured", "bench.recl has not run")
+    group = {("txl", True), ("shaw", True), ("txl", False), ("sinusoid", False)}  # Table 8's
+    by_label: dict[str, list[float]] = {}
+    for run in r["runs"]:
+        if (run.get("scheme"), run.get("mem_len", 0) > 0) in group:
+            by_label.setdefault(run["label"], []).append(run["recl"]["0.1"])
+    shown = ", ".join(f"{k} {statistics.mean(v):.0f}" for k, v in by_label.items())
+    if "group" not in r["settings"]:  # the protocol before Dai et al.'s group and fixed Δ
+        return Verdict(
+            "not comparable", shown, "measured with every ablation model as one group and a "
+            "doubling grid of contexts, not the paper's group of four and fixed Δ",
+        )  # fmt: skip
+    return Verdict("not comparable", shown, "see recl.md for the group's intervals")
+
+
+def _untested(why: str):
+    return lambda results, contains: Verdict("not comparable", "not measured", why)
+
+
+CLAIMS = (
+    Claim(
+        "Transformer-XL, Table 6",
+        "recurrence helps its relative encoding: TXL with memory below TXL without",
+        "27.02 vs 29.59 ppl",
+        _table6(("txl", True), ("txl", False), ("txl, memory", "txl, none")),
+    ),
+    Claim(
+        "Transformer-XL, Table 6",
+        "with recurrence, its encoding beats Shaw's",
+        "27.02 vs 27.94 ppl",
+        _table6(("txl", True), ("shaw", True), ("txl, memory", "shaw, memory")),
+    ),
+    Claim(
+        "Transformer-XL, Table 6",
+        "recurrence helps Shaw's encoding too",
+        "27.94 vs 29.75 ppl",
+        _table6(("shaw", True), ("shaw", False), ("shaw, memory", "shaw, none")),
+    ),
+    Claim(
+        "Transformer-XL, Table 6",
+        "without recurrence, relative (TXL) beats absolute sinusoids",
+        "29.59 vs 30.97 ppl (half loss)",
+        _table6(("txl", False), ("sinusoid", False), ("txl, none", "sinusoid, none")),
+    ),
+    Claim(
+        "ALiBi, Table / Fig. 1 (WikiText-103, trained at 512)",
+        "ALiBi extrapolates: 4× the trained length no worse than 1×",
+        "19.73 at 512, 18.40 at 3,512 ppl",
+        _extrapolation(("alibi", 4), ("alibi", 1)),
+    ),
+    Claim(
+        "ALiBi, Table / Fig. 1",
+        "sinusoids do not: 4× worse than 1×",
+        "20.05 at 512, 178.97 at 3,512 ppl",
+        _extrapolation(("sinusoid", 1), ("sinusoid", 4)),
+    ),
+    Claim(
+        "ALiBi, Table / Fig. 1",
+        "rotary degrades beyond its length: 4× worse than 1×",
+        "20.07 at 512, 35.54 at 3,512 ppl",
+        _extrapolation(("rope", 1), ("rope", 4)),
+    ),
+    Claim(
+        "ALiBi, Table / Fig. 1",
+        "at 16×, ALiBi below T5's buckets",
+        "18.31 vs 64.94 ppl at 12,512 (24×)",
+        _extrapolation(("alibi", 16), ("t5", 16)),
+    ),
+    Claim(
+        "KERPLE, Table 3 (trained at 512)",
+        "at long lengths the logarithmic kernel is below ALiBi",
+        "KERPLE 3.40 → 2.75, ALiBi 3.42 → 3.02 ppl from 512 to 16,384 (32×)",
+        _extrapolation(("kerple", 16), ("alibi", 16), ("kerple",)),
+    ),
+    Claim(
+        "FIRE, Fig. 1 / Table 1 (C4, trained at 2,048)",
+        "FIRE below KERPLE at long lengths",
+        "FIRE lowest of all at 8,192–16,384 (its figures)",
+        _extrapolation(("fire", 16), ("kerple", 16), ("fire", "kerple")),
+    ),
+    Claim(
+        "PI (Chen et al. 2023), Table 1",
+        "a short fine-tune with interpolated positions makes the longer window useful",
+        "LLaMA 7B 2,048 → 8,192 after 1,000 steps: ppl falls with the window",
+        _untested("bench.extrapolation --pi-steps has not run yet"),
+    ),
+    Claim(
+        "YaRN, Table 1",
+        "YaRN at least as good as PI and NTK at the extended length",
+        "3.35 vs 3.34 / 3.59 at 8,192 (fine-tuned)",
+        _untested("the paper fine-tunes every method; this sweep scores them zero-shot"),
+    ),
+    Claim(
+        "Transformer-XL, Table 8",
+        "RECL: TXL > with Shaw > without recurrence > vanilla",
+        "700 > 400 > 300 > 128 (r = 0.1)",
+        _recl,
+    ),
+)
+
+
+def contains(commit: str, ancestor: str) -> bool:
+    """Whether ``commit`` has ``ancestor`` in its history (git; False where either is unknown)."""
+    result = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", ancestor, commit], cwd=ROOT, capture_output=True
+    )
+    return result.returncode == 0
+
+
+def judge_all(results: dict, contains=contains) -> list[tuple[Claim, Verdict]]:
+    return [(claim, claim.judge(results, contains)) for claim in CLAIMS]
+
+
+def render(results: dict, contains=contains) -> str:
+    a = results.get("ablation.json", {}).get("settings", {})
+    e = results.get("extrapolation.json", {}).get("settings", {})
+    lines = [
+        "# This project against the papers",
+        "",
+        "Command: `python -m bench.papers`, from the sweeps' JSONs beside this file. Each claim is "
+        "judged on this project's runs of the same comparison: agrees / disagrees where the runs "
+        "order the two sides by the sweeps' rule (twice the larger seed spread, or a bootstrap "
+        "interval where runs kept windows), not resolved where they do not separate them, not "
+        "comparable where the runs measured something else or nothing yet. Orders are compared, "
+        "never numbers.",
+        "",
+        "Scale: the papers train word- or token-level models of 100M+ parameters for 100k+ "
+        f"steps; here bytes of the embedded corpus, the ablation {_sets(a)} for "
+        f"{a.get('steps', '?')} steps, the extrapolation trained at {e.get('train_len', '?')} "
+        f"for {e.get('steps', '?')} steps, without memory.",
+        "",
+        "| source | claim | paper | here | verdict | why |",
+        "|---|---|---|---|---|---|",
+    ]
+    for claim, v in judge_all(results, contains):
+        lines.append(
+            f"| {claim.source} | {claim.claim} | {claim.paper} | {v.ours} | **{v.verdict}** | "
+            f"{v.why} |"
+        )
+    counts = {}
+    for _, v in judge_all(results, contains):
+        counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    lines += ["", "Tally: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "."]
+    return "\n".join([*lines, ""])
+
+
+def _sets(settings: dict) -> str:
+    sets = [s.removeprefix("model.").removeprefix("data.") for s in settings.get("sets", [])]
+    return f"({', '.join(sets)})" if sets else "(txl_small's sizes)"
+
+
+def gather(results_dir: pathlib.Path) -> dict:
+    names = ("ablation.json", "extrapolation.json", "recl.json", "probe_needle.json")
+    loaded = {name: sweep.load(results_dir / name) for name in names}
+    return {name: results for name, results in loaded.items() if results is not None}
+
+
+def main() -> None:
+    parser = options.parser(__doc__)
+    parser.add_argument("--results", default=str(ROOT / "docs" / "results"))
+    options.add_out(parser)
+    args = parser.parse_args()
+    table = render(gather(pathlib.Path(args.results)))
+    (pathlib.Path(args.out) / "papers.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""``bench.papers``: each paper's claim judged on synthetic sweep results by the sweeps' rule, and
+the committed table rendered from the committed JSONs."""
+
+from __future__ import annotations
+
+from bench import papers
+from tests.helpers import ROOT
+
+
+def _ablation(bpc: dict[tuple[str, bool], list[float]], commit: str = "new") -> dict:
+    runs = [
+        {"scheme": scheme, "memory": 64 if memory else 0, "seed": seed, "test_bpc": value}
+        for (scheme, memory), values in bpc.items()
+        for seed, value in enumerate(values)
+    ]
+    return {"settings": {"commit": commit, "steps": 10, "sets": []}, "runs": runs}
+
+
+def _extrapolation(bpc: dict[str, dict[int, list[float]]], commit: str = "new") -> dict:
+    runs = [
+        {"scheme": label, "variant": "defaults", "seed": seed, "label": label,
+         "bpc": {"non-overlapping": {str(8 * f): v[seed] for f, v in by.items()}}}
+        for label, by in bpc.items() for seed in range(3)
+    ]  # fmt: skip
+    return {"settings": {"commit": commit, "train_len": 8, "steps": 10}, "runs": runs}
+
+
+def _verdicts(results: dict, current: bool = True) -> dict[str, papers.Verdict]:
+    contains = lambda commit, ancestor: current  # noqa: E731  (every change in, or none)
+    return {claim.claim: v for claim, v in papers.judge_all(results, contains)}
+
+
+def test_claims_are_judged_by_the_order_of_the_two_sides_beyond_the_spread():
+    results = {
+        "ablation.json": _ablation({
+            ("txl", True): [2.00, 2.01, 2.02], ("txl", False): [2.30, 2.31, 2.29],  # apart: agrees
+            ("shaw", True): [2.40, 2.41, 2.39],  # txl below shaw: agrees
+            ("shaw", False): [2.35, 2.36, 2.34],  # shaw with memory above: disagrees
+            ("sinusoid", False): [2.2, 2.5, 2.8],  # spread 0.3: not resolved
+        }),
+    }  # fmt: skip
+    verdicts = _verdicts(results)
+    recurrence = verdicts[
+        "recurrence helps its relative encoding: TXL with memory below TXL without"
+    ]
+    assert recurrence.verdict == "agrees" and "txl, memory 2.0100 ± 0.0100" in recurrence.ours
+    assert verdicts["with recurrence, its encoding beats Shaw's"].verdict == "agrees"
+    assert verdicts["recurrence helps Shaw's encoding too"].verdict == "disagrees"
+    absolute = verdicts["without recurrence, relative (TXL) beats absolute sinusoids"]
+    assert absolute.verdict == "not resolved" and "spread" in absolute.why
+    assert verdicts["RECL: TXL > with Shaw > without recurrence > vanilla"].ours == "not measured"
+
+
+def test_a_claim_measured_with_a_former_implementation_is_not_comparable():
+    scores = {"alibi": {16: [2.70, 2.71, 2.72]}, "kerple": {16: [2.60, 2.61, 2.62]}}
+    results = {"extrapolation.json": _extrapolation(scores, commit="abc1234")}
+    claim = "at long lengths the logarithmic kernel is below ALiBi"
+    assert _verdicts(results, current=True)[claim].verdict == "agrees"
+    former = _verdicts(results, current=False)[claim]
+    assert former.verdict == "not comparable" and "former KERPLE" in former.why
+    assert "measured at abc1234" in former.why
+    alibi = _verdicts(results, current=False)["at 16×, ALiBi below T5's buckets"]
+    assert alibi.verdict == "not comparable" and alibi.ours == "not measured"
+
+
+def test_the_committed_comparison_is_rendered_from_the_committed_jsons():
+    results = papers.gather(ROOT / "docs" / "results")
+    assert papers.render(results) == (ROOT / "docs" / "results" / "papers.md").read_text()
