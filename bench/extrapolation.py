@@ -21,6 +21,12 @@ from there, a sweep run again with more ``--factors`` scores only the new length
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
+With ``--models ablation`` the models are ``bench.ablation``'s runs without memory (the same names,
+settings and ``--runs`` folder, ``--steps``, ``--seeds`` and ``--set`` as that sweep; trained
+there, or here if missing), so that the leaderboard's test bpc and its extrapolation columns come
+from one set of models; the trained length is then their ``data.segment_len`` and there is no
+sized variant.
+
 Learned absolute positions have no row beyond their table (``max_len``): name them with
 ``--schemes`` only for lengths within it. Variants: ``defaults`` keeps the config's position tables;
 ``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained
@@ -112,7 +118,23 @@ def sized_as_defaults(scheme: str, train_len: int) -> bool:
     return all(sized.model[f] == defaults.model[f] for f in own)
 
 
+def ablation_runs(args) -> dict[tuple[str, str, int], sweep.Run]:
+    """``bench.ablation``'s runs without memory (``--models ablation``), as its command line with
+    these ``--runs``, ``--steps``, ``--seeds`` and ``--set`` makes them."""
+    from bench import ablation
+
+    same = argparse.Namespace(
+        schemes=args.schemes, mem_len=0, seeds=args.seeds, runs=args.runs, steps=args.steps,
+        eval_every=0, set=args.set,
+    )  # fmt: skip
+    return {
+        (scheme, "defaults", seed): run for (scheme, _, seed), run in ablation.runs_of(same).items()
+    }
+
+
 def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
+    if args.models == "ablation":
+        return ablation_runs(args)
     runs = {}
     for scheme in args.schemes:
         for variant in args.variants:
@@ -433,11 +455,20 @@ def main() -> None:
         help="tabulate the lengths already scored (kept in each run's folder), score nothing",
     )  # fmt: skip
     parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
+    parser.add_argument(
+        "--models", choices=("own", "ablation"), default="own",
+        help="own: trained here at --train-len; ablation: bench.ablation's runs without memory",
+    )  # fmt: skip
     sweep.add_options(parser)
     options.add_runs(parser, "runs/extrapolation")
     options.add_overrides(parser, help="applied to every run")
     options.add_out(parser)
     args = parser.parse_args()
+    if args.models == "ablation":  # their trained length, and no sized variant
+        from bench.ablation import config_for
+
+        args.train_len = config_for(args.schemes[0], 0, args.seeds[0], args.set).data.segment_len
+        args.variants = ["defaults"]
     args.lengths = [args.train_len * f for f in args.factors]
     sizing = [s for s in args.schemes if s in SIZED and "sized" in args.variants]
     args.sized_as_defaults = [s for s in sizing if sized_as_defaults(s, args.train_len)]
@@ -454,7 +485,7 @@ def main() -> None:
             ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
             extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
-            sliding_up_to=args.sliding_up_to, scored_only=args.scored_only,
+            sliding_up_to=args.sliding_up_to, scored_only=args.scored_only, models=args.models,
             sized_as_defaults=args.sized_as_defaults,
             pi_steps=args.pi_steps, pi_factors=pi_factors(args), sets=list(args.set),
             missing=missing + pi_missing,

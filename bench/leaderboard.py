@@ -183,7 +183,36 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
             lines.append(f"- {column}: {NOT_MEASURED} (no `{name}` with its settings yet)")
         else:
             lines.append(f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']})")
-    return "\n".join([*lines, ""])
+    return "\n".join([*lines, "", _one_set(sources), ""])
+
+
+def _one_set(sources: dict[str, dict]) -> str:
+    """Whether the model columns come from one set of models: the ablation's runs, scored for
+    extrapolation (``bench.extrapolation --models ablation``) and RECL (``bench.recl --ablation``)
+    with its steps and overrides."""
+    ablation = sources.get("ablation.json")
+    if ablation is None:
+        return "The columns come from different runs (no ablation to share)."
+    same = ("steps", "sets")
+    apart = []
+    extrapolation = sources.get("extrapolation.json")
+    if extrapolation is not None and (
+        extrapolation.get("models") != "ablation"
+        or any(extrapolation.get(k) != ablation.get(k) for k in same)
+    ):
+        apart.append("bpc at 4× and 16× (models of its own)")
+    recl = sources.get("recl.json")
+    if recl is not None and (
+        "--ablation" not in recl["command"]
+        or recl.get("steps", ablation["steps"]) != ablation["steps"]
+    ):
+        apart.append("RECL")
+    if not apart:
+        return "Test bpc, extrapolation and RECL come from one set of models: the ablation's runs."
+    return (
+        f"Not one set of models: {', '.join(apart)} come from runs other than the test bpc's "
+        "(the needle probe trains models of its own, on its own task)."
+    )
 
 
 def main() -> None:

@@ -389,3 +389,22 @@ def test_the_probe_table_leads_with_the_seeds_that_solve_it_at_trained_distances
     assert "| txl | memory | 2 of 3 |" in table and "| alibi | memory | 0 of 3 |" in table
     assert "| 64* |" in table and "| 48 |" in table  # the untrained distance is marked
     assert "outside the trained range 8–48" in table
+
+
+def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_memory():
+    import argparse
+
+    sets = ["model.n_layers=4", "data.segment_len=64"]
+    args = argparse.Namespace(
+        schemes=["txl", "rope"], seeds=[0, 1], runs="runs/ablation", steps=1000, set=sets,
+        models="ablation", pi_steps=0, variants=["defaults"],
+    )  # fmt: skip
+    runs = extrapolation.runs_of(args)
+    same = argparse.Namespace(
+        schemes=["txl", "rope"], seeds=[0, 1], runs="runs/ablation", steps=1000, set=sets,
+        mem_len=64, eval_every=0,
+    )  # fmt: skip
+    trained = {key: run for key, run in ablation.runs_of(same).items() if key[1] == 0}
+    assert sorted(runs) == sorted((s, "defaults", seed) for s, _, seed in trained)
+    for (scheme, _, seed), run in trained.items():
+        assert runs[scheme, "defaults", seed].commands() == run.commands()

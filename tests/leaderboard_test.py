@@ -93,3 +93,15 @@ def test_the_needle_column_averages_only_the_trained_distances():
     cells = {}
     leaderboard._needle({"settings": {}, "runs": [run]}, cells)  # before the range was recorded
     assert cells == {("txl", True, "needle accuracy"): [0.55]}
+
+
+def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
+    ablation = {"command": "python -m bench.ablation", "steps": 4000, "sets": ["model.n_layers=4"]}
+    own = {"command": "python -m bench.extrapolation", "steps": 500, "sets": [], "models": "own"}
+    shared = {**own, "models": "ablation", "steps": 4000, "sets": ["model.n_layers=4"]}
+    recl = {"command": "python -m bench.recl --ablation txl --runs runs/ablation"}
+    one = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": shared,
+                                "recl.json": recl})  # fmt: skip
+    assert one.startswith("Test bpc, extrapolation and RECL come from one set of models")
+    apart = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": own})
+    assert apart.startswith("Not one set of models: bpc at 4× and 16× (models of its own)")
