@@ -1,5 +1,6 @@
 """RECL (Transformer-XL Appendix C): answers known by construction, the paper's formula, validation,
-and the per-context losses of a tiny model."""
+the fixed-Δ grid, the bootstrap over tokens, and the per-context losses of a tiny model in both
+scorings (with memory; in sliding windows, held to a one-token-at-a-time reference)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import optax
 import pytest
 
 from relpos_jax import data as data_lib
-from relpos_jax.analysis.recl import context_token_losses, recl, relative_gain, relative_gains
+from relpos_jax.analysis.recl import (
+    context_token_losses,
+    fixed_grid,
+    recl,
+    recl_intervals,
+    relative_gain,
+    relative_gains,
+    scoring_losses,
+    window_token_losses,
+)
 from relpos_jax.evaluate import evaluate
 from tests.helpers import tiny_model
 
@@ -161,3 +171,115 @@ def test_more_memory_changes_the_losses_of_the_same_tokens():
         _losses(model, [5, 0], same_length=False)
     with pytest.raises(ValueError, match="needs"):
         context_token_losses(model, TOKENS[:20], [8], segment_len=T, n_tokens=N, batch_size=ROWS)
+
+
+@pytest.mark.parametrize("r", [0.1, 0.5, 1.0])
+def test_recl_is_the_first_context_whose_relative_gain_is_below_the_threshold(rng, r):
+    group = {
+        name: {c: rng.uniform(1.0, 3.0, 300) - 0.02 * k * (c / 100) for c in CONTEXTS}
+        for k, name in enumerate(["a", "b", "c"])
+    }
+    gains = relative_gains(group, r=r)
+    for name, value in recl(group, r=r).items():
+        below = [c for c in CONTEXTS[:-1] if gains[name][c] < 0.01]
+        assert value == (below[0] if below else CONTEXTS[-1])
+
+
+def test_the_fixed_grid_steps_by_delta():
+    assert fixed_grid(32, 512) == list(range(0, 513, 32))
+    assert fixed_grid(100, 700, first=100) == [100, 200, 300, 400, 500, 600, 700]
+    assert fixed_grid(64, 64) == [0, 64]
+    for delta, longest, first in [(0, 64, 0), (32, 500, 0), (32, 32, 32), (32, 512, -32)]:
+        with pytest.raises(ValueError, match="fixed_grid") as error:
+            fixed_grid(delta, longest, first)
+        assert "\n" not in str(error.value)
+
+
+def _noisy_group(rng, n=400):
+    """xl improves until 400, rnn until 200 (noisy per token); xl_twin is xl's very losses."""
+    noise = {name: rng.normal(0, 0.3, (len(CONTEXTS), n)) for name in ("xl", "rnn")}
+    base = rng.uniform(2.0, 4.0, n)
+    group = {
+        name: {c: base - 0.05 * min(c, stop) / 100 + noise[name][i] * 0.1 for i, c in
+               enumerate(CONTEXTS)}
+        for name, stop in (("xl", 400), ("rnn", 200))
+    }  # fmt: skip
+    return {**group, "xl_twin": dict(group["xl"])}
+
+
+def test_bootstrap_intervals_hold_the_point_are_seeded_and_equal_for_identical_models(rng):
+    group = _noisy_group(rng)
+    intervals = recl_intervals(group, replicates=200, seed=3)
+    for r in (0.1, 0.5, 1.0):
+        point = recl(group, r=r)
+        for name, by_r in intervals.items():
+            interval = by_r[r]
+            assert interval.point == point[name]
+            assert interval.contains(interval.point), (name, r, interval)
+            assert interval.lo in CONTEXTS and interval.hi in CONTEXTS  # replicate values
+        assert intervals["xl"][r] == intervals["xl_twin"][r]
+    assert recl_intervals(group, replicates=200, seed=3) == intervals  # deterministic
+    again = recl_intervals(group, replicates=200, seed=4, block=20)
+    assert {n: {r: i.point for r, i in v.items()} for n, v in again.items()} == {
+        n: {r: i.point for r, i in v.items()} for n, v in intervals.items()
+    }  # the seed and blocks move the interval, never the point
+    with pytest.raises(ValueError, match="replicates=0 is invalid"):
+        recl_intervals(group, replicates=0)
+    with pytest.raises(ValueError, match="block=0 is invalid"):
+        recl_intervals(group, block=0)
+
+
+def test_a_group_whose_tokens_agree_has_a_tight_interval(rng):
+    """Every token improves the same way: any resample gives the same RECL."""
+    base = rng.uniform(2.0, 4.0, 100)
+    group = {"xl": _improving_until(base, 300), "rnn": _improving_until(base + 0.5, 300)}
+    intervals = recl_intervals(group, r_values=(1.0,), replicates=50)
+    assert intervals["xl"][1.0].lo == intervals["xl"][1.0].hi == 300
+
+
+def _layout_of(k, context, n=N, rows=ROWS, seg=T, warmup=8):
+    """Where scored target k's window starts and ends in TOKENS: (first input, last input)."""
+    row_len = -(-n // rows)
+    row, i = divmod(k, row_len)
+    last = row * row_len + warmup + i
+    return last - context - i % seg, last
+
+
+@pytest.mark.parametrize(("position", "n_tokens"), [("txl", N), ("txl", N - 2), ("sinusoid", N)])
+def test_sliding_windows_equal_each_token_scored_alone_in_float64(position, n_tokens):
+    """Each target from its own window (the c + j inputs before it and itself; j: its offset in
+    its segment), one at a time, the log-softmax in float64: the batched windows give the same."""
+    model = tiny_model(position)
+    contexts = [0, 3, 6]
+    losses = window_token_losses(
+        model, TOKENS, contexts, segment_len=T, n_tokens=n_tokens, batch_size=ROWS,
+        windows_per_call=4,
+    )  # fmt: skip
+    for c in contexts:
+        assert losses[c].shape == (n_tokens,)
+        expected = []
+        for k in range(n_tokens):
+            first, last = _layout_of(k, c, n=n_tokens)
+            logits, _ = model(jnp.asarray(TOKENS[None, first : last + 1]), model.init_mems(1, 0))
+            logits = np.asarray(logits[0, -1], np.float64)
+            log_z = np.log(np.exp(logits - logits.max()).sum()) + logits.max()
+            expected.append(log_z - logits[TOKENS[last + 1]])
+        np.testing.assert_allclose(losses[c], expected, rtol=2e-5, atol=2e-5)
+
+
+def test_one_layer_sees_the_same_span_with_memory_and_in_windows():
+    """One layer: memory holds the embeddings, so memory c (same_length=False) is the c + j window;
+    with more layers they part only through the recurrence, never at c = 0."""
+    one = tiny_model("txl", n_layers=1)
+    kwargs = {"segment_len": T, "n_tokens": N, "batch_size": ROWS}
+    memory = scoring_losses(one, TOKENS, [0, 3, 6], scoring="memory", **kwargs)
+    window = scoring_losses(one, TOKENS, [0, 3, 6], scoring="window", **kwargs)
+    for c in (0, 3, 6):
+        np.testing.assert_allclose(memory[c], window[c], rtol=1e-5, atol=1e-5)
+    two = tiny_model("txl")
+    memory = scoring_losses(two, TOKENS, [0, 6], scoring="memory", **kwargs)
+    window = scoring_losses(two, TOKENS, [0, 6], scoring="window", **kwargs)
+    np.testing.assert_allclose(memory[0], window[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(memory[6] - window[6]).max() > 1e-4  # the memory states carry older text
+    with pytest.raises(ValueError, match="scoring='rnn' is invalid"):
+        scoring_losses(two, TOKENS, [0], scoring="rnn", **kwargs)

@@ -16,31 +16,39 @@ The definition (arXiv 1901.02860, Appendix C "Details About RECL"), restated:
 - RECL: start at the first c with c′ = c + Δ; while g_i(c, c′) ≥ 0.01 step c ← c′; at the first
   g_i(c, c′) < 0.01 return RECL = c. The baseline and T are recomputed at each c.
 
-Interpretation where the paper is silent: the contexts need not be evenly spaced (each consecutive
-pair is a (c, c + Δ) step); |T| = ceil(r·n) tokens, ties broken by token order; a model whose gain
-never falls below the threshold gets the largest context evaluated (a lower bound on its RECL).
+Interpretation where the paper is silent: |T| = ceil(r·n) tokens, ties broken by token order; a
+model whose gain never falls below the threshold gets the largest context evaluated (a lower bound
+on its RECL). ``recl`` takes any increasing contexts (each consecutive pair a (c, c′) step);
+``fixed_grid`` gives the paper's c, c + Δ, c + 2Δ, ….
 
-``context_token_losses`` measures l(c, t) for a ``TransformerLM`` with the memory length as the
-context knob, the way the paper's models are evaluated ("attention length"); see its docstring.
+Uncertainty (not in the paper): ``recl_intervals`` resamples the scored tokens with replacement (in
+blocks of ``block`` consecutive tokens; 1: single tokens), the same draw for every model of the
+group, recomputes every model's RECL in each replicate (baseline, T and all), and reports percentile
+intervals: the spread that the choice of test tokens puts on RECL, for these trained models. From a
+seeded generator, so the same losses and seed give the same intervals.
+
+The per-token losses l_i(c, t) come from ``relpos_jax.analysis.context_losses``: each model scored as
+it was trained (with memory, or in sliding windows without it; ``scoring_losses``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-import jax
 import numpy as np
-import optax
-from flax import nnx
 
-from relpos_jax import data as data_lib
-from relpos_jax.evaluate import with_config
-from relpos_jax.memory import scan_segments
-from relpos_jax.model import TransformerLM
+from relpos_jax.analysis.bootstrap import LEVEL, REPLICATES, Interval
+from relpos_jax.analysis.context_losses import (  # noqa: F401  (the measurements, re-exported)
+    MEMORY,
+    SCORINGS,
+    WINDOW,
+    context_token_losses,
+    scoring_for,
+    scoring_losses,
+    window_token_losses,
+)
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
 
@@ -139,6 +147,47 @@ def relative_gains(
     return gains
 
 
+def _check_threshold(threshold: float) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold < 0:
+        raise ValueError(
+            f"recl: threshold={threshold!r} is invalid; use a number >= 0 (paper: 0.01)"
+        )
+
+
+def _stacked(token_losses: Mapping[str, Mapping[int, np.ndarray]]):
+    """(model names, contexts, losses ``[M, C, n]``): M models, C contexts, n tokens."""
+    contexts, table = _validated(token_losses)
+    names = list(table)
+    return names, contexts, np.stack([[table[name][c] for c in contexts] for name in names])
+
+
+def _recls(
+    losses_MCN: np.ndarray, contexts: Sequence[int], r_values: Sequence[float], threshold: float
+) -> np.ndarray:
+    """RECL ``[len(r_values), M]`` of every model of the group ``losses_MCN`` for each r: the one
+    computation behind ``recl`` and every bootstrap replicate (each c's baseline sorted once)."""
+    n = losses_MCN.shape[2]
+    counts = [max(1, math.ceil(r * n - 1e-9)) for r in r_values]  # 1e-9: r·n = 10.000000000000002
+    result = np.full((len(r_values), losses_MCN.shape[0]), contexts[-1], np.int64)
+    gaining = np.ones(result.shape, bool)  # not yet below the threshold
+    for k, c in enumerate(contexts[:-1]):
+        baseline = losses_MCN[:, k].min(axis=0)  # b(c, t)
+        order = np.argsort(-baseline, kind="stable")  # the hardest first, ties by token order
+        for i, count in enumerate(counts):
+            if not gaining[i].any():
+                continue
+            hard = order[:count]
+            f_short = baseline[hard].mean()  # f_i(c, c)
+            f_long = np.minimum(baseline[hard], losses_MCN[:, k + 1, hard]).mean(axis=1)
+            gain = -np.expm1(f_long - f_short)  # (e^f − e^f′) / e^f without overflow
+            stops = gaining[i] & (gain < threshold)
+            result[i, stops] = c
+            gaining[i] &= ~stops
+        if not gaining.any():
+            break
+    return result
+
+
 def recl(
     token_losses: Mapping[str, Mapping[int, np.ndarray]],
     *,
@@ -146,108 +195,65 @@ def recl(
     threshold: float = THRESHOLD,
 ) -> dict[str, int]:
     """RECL of each model of the group ``token_losses`` {model: {context: per-token losses}}."""
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold < 0:
+    _check_threshold(threshold)
+    _check_r(r)
+    names, contexts, losses = _stacked(token_losses)
+    (values,) = _recls(losses, contexts, [r], threshold)
+    return {name: int(value) for name, value in zip(names, values, strict=True)}
+
+
+def fixed_grid(delta: int, longest: int, first: int = 0) -> list[int]:
+    """The paper's contexts c, c + Δ, c + 2Δ, … from ``first`` to ``longest`` (inclusive)."""
+    values = {"delta": delta, "longest": longest, "first": first}
+    if any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in values.values()):
+        raise ValueError(f"fixed_grid: {values} are invalid; pass ints")
+    if delta < 1 or first < 0 or longest < first + delta or (longest - first) % delta:
         raise ValueError(
-            f"recl: threshold={threshold!r} is invalid; use a number >= 0 (paper: 0.01)"
+            f"fixed_grid: delta={delta}, longest={longest}, first={first} are invalid; use "
+            "delta >= 1, first >= 0 and longest = first + k·delta for some k >= 1"
         )
-    gains = relative_gains(token_losses, r=r)
-    result = {}
-    for name, by_context in gains.items():
-        lengths = list(by_context)
-        stop = next((c for c in lengths if by_context[c] < threshold), None)
-        # never below the threshold: the longest context measured is a lower bound on the RECL
-        result[name] = stop if stop is not None else int(list(token_losses[name])[-1])
-    return result
+    return list(range(int(first), int(longest) + 1, int(delta)))
 
 
-def token_losses(logits: jax.Array, segment: dict) -> jax.Array:
-    """The readout of ``segment_losses``: each target's loss ``[B, T]`` in nats."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits, segment["targets"])
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def segment_losses(graphdef, state, segments: dict, mems):
-    """Per-token losses ``[S, B, T]`` of S consecutive segments ``segments["inputs" | "targets"]``,
-    the memory carried from each to the next."""
-    return scan_segments(nnx.merge(graphdef, state), segments, mems, token_losses)[0]
-
-
-def context_token_losses(
-    model: TransformerLM,
-    stream_or_tokens: data_lib.TokenStream | np.ndarray,
-    contexts: Sequence[int],
+def recl_intervals(
+    token_losses: Mapping[str, Mapping[int, np.ndarray]],
     *,
-    segment_len: int,
-    n_tokens: int,
-    batch_size: int,
-    same_length: bool = True,
-) -> dict[int, np.ndarray]:
-    """{context: per-token losses [n_tokens]} of the same target tokens, with ``mem_len = context``.
+    r_values: Sequence[float] = (0.1, 0.5, 1.0),
+    threshold: float = THRESHOLD,
+    level: float = LEVEL,
+    replicates: int = REPLICATES,
+    seed: int = 0,
+    block: int = 1,
+) -> dict[str, dict[float, Interval]]:
+    """{model: {r: RECL and its percentile interval}} of the group ``token_losses``.
 
-    The stream is evaluated as ``evaluate`` does (``batch_size`` rows, segments of ``segment_len``,
-    memory carried), after a warm-up of W = ceil(max(contexts) / segment_len) segments per row so
-    that every memory is full when scoring starts. Scored: targets W·T + 1 … W·T + n_tokens of the
-    stream, in order — the same tokens for every context (and for every model called with the same
-    arguments, as a RECL group needs).
-
-    ``same_length=True`` (what the paper's evaluation scripts pass) makes every query attend to
-    exactly ``context`` earlier positions plus itself at every layer, wherever it sits in its
-    segment; ``context`` 0 is then the model given the current token alone. With
-    ``same_length=False`` a query at offset j of its segment sees ``context + j`` earlier positions,
-    and ``context`` 0 is plain evaluation without memory. Either way, with recurrence the memory
-    states themselves carry older information: this measures the context the model can use through
-    an attention span of ``context``, not a from-scratch window (for one layer the two coincide).
+    Each replicate draws ⌈n / block⌉ blocks of ``block`` consecutive scored tokens with replacement
+    (the last block may be shorter), one draw for every model, and recomputes each model's RECL;
+    the interval's ends are replicate values (``inverted_cdf`` quantiles), so they lie on the grid
+    of contexts. The point is ``recl`` of all the tokens; a percentile interval need not contain it.
     """
-    contexts = list(contexts)
-    if not contexts or any(
-        isinstance(c, bool) or not isinstance(c, int | np.integer) or c < 0 for c in contexts
-    ):
-        raise ValueError(
-            f"context_token_losses: contexts={contexts!r} is invalid; pass memory lengths >= 0"
-        )
-    if any(b <= a for a, b in itertools.pairwise(contexts)):
-        raise ValueError(
-            f"context_token_losses: contexts={contexts!r} are not increasing; pass them in "
-            "ascending order, each once"
-        )
-    sizes = {"segment_len": segment_len, "n_tokens": n_tokens, "batch_size": batch_size}
-    for name, value in sizes.items():
+    _check_threshold(threshold)
+    for r in r_values:
+        _check_r(r)
+    for name, value in {"replicates": replicates, "block": block}.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"context_token_losses: {name}={value!r} is invalid; use an int >= 1")
-    stream = (
-        stream_or_tokens
-        if isinstance(stream_or_tokens, data_lib.TokenStream)
-        else data_lib.ArrayStream(np.asarray(stream_or_tokens))
-    )
-    seg = segment_len
-    warmup = -(-max(contexts) // seg) * seg
-    needed = warmup + n_tokens + 1
-    if len(stream) < needed:
-        raise ValueError(
-            f"context_token_losses: the stream has {len(stream):,} tokens; n_tokens={n_tokens} "
-            f"after a warm-up of {warmup} needs {needed:,}: use a smaller n_tokens or more data"
-        )
-
-    # The eval_batches layout, each row preceded by its warm-up: row r scores k ∈ [r·L, (r+1)·L).
-    row_len = -(-n_tokens // min(batch_size, n_tokens))
-    rows = -(-n_tokens // row_len)
-    width = warmup + -(-row_len // seg) * seg
-    tokens = np.zeros((rows, width + 1), np.int32)  # zero padding lies after every scored target
-    for r in range(rows):
-        piece = stream.read(r * row_len, min(r * row_len + width + 1, len(stream)))
-        tokens[r, : len(piece)] = piece
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-    eval_model = with_config(model, dataclasses.replace(model.config, same_length=same_length))
-    graphdef, state = nnx.split(eval_model)
-    segments = {  # [S, B, T]
-        "inputs": inputs.reshape(rows, -1, seg).swapaxes(0, 1),
-        "targets": targets.reshape(rows, -1, seg).swapaxes(0, 1),
+            raise ValueError(f"recl_intervals: {name}={value!r} is invalid; use an int >= 1")
+    if not 0 < level < 1:
+        raise ValueError(f"recl_intervals: level={level!r} is invalid; use a fraction in (0, 1)")
+    names, contexts, losses = _stacked(token_losses)
+    point = _recls(losses, contexts, r_values, threshold)
+    n = losses.shape[2]
+    blocks = -(-n // block)
+    rng = np.random.default_rng(seed)
+    stats = np.empty((replicates, *point.shape), np.int64)
+    for k in range(replicates):
+        drawn = (rng.integers(0, blocks, blocks)[:, None] * block + np.arange(block)).ravel()
+        stats[k] = _recls(losses[:, :, drawn[drawn < n]], contexts, r_values, threshold)
+    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2], axis=0, method="inverted_cdf")
+    return {
+        name: {
+            r: Interval(int(point[i, m]), int(lo[i, m]), int(hi[i, m]), level)
+            for i, r in enumerate(r_values)
+        }
+        for m, name in enumerate(names)
     }
-    result = {}
-    for context in contexts:
-        mems = eval_model.init_mems(rows, int(context), keys_values=True)
-        losses = np.asarray(segment_losses(graphdef, state, segments, mems))
-        scored = losses[warmup // seg :].swapaxes(0, 1).reshape(rows, -1)  # after the warm-up
-        result[int(context)] = scored[:, :row_len].reshape(-1)[:n_tokens]
-    return result
