@@ -182,7 +182,10 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         if s is None:
             lines.append(f"- {column}: {NOT_MEASURED} (no `{name}` with its settings yet)")
         else:
-            lines.append(f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']})")
+            corpus = "" if name.startswith("probe") else f", {sweep.partition_text(s)}"
+            lines.append(
+                f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']}{corpus})"
+            )
     return "\n".join([*lines, "", _one_set(sources), ""])
 
 

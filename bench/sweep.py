@@ -166,8 +166,7 @@ def partition_of(command: Sequence[str]) -> str:
 def partition_text(settings: dict) -> str:
     """The partition a sweep's results were measured on, for its table ("hash" where the JSON
     predates the field)."""
-    name = settings.get("partition", "hash")
-    return f"pystdlib partition `{name}` (`relpos_jax/data/partition.py`)"
+    return f"pystdlib partition `{settings.get('partition', 'hash')}`"
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:

@@ -51,7 +51,8 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert _row(table, "none", "no") == [leaderboard.NOT_MEASURED] * 5
     assert _row(table, "learned", "no")[1:3] == [leaderboard.NOT_APPLICABLE] * 2  # clamped table
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
-    assert "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03)" in table
+    source = "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03, "
+    assert source + "pystdlib partition `hash`)" in table  # recorded before partitions were
     full = leaderboard.render(*_full(tmp_path / "full"))
     assert leaderboard.NOT_MEASURED not in full
     assert _row(full, "txl", "yes")[3] == "≥128 ± 0 (1)"  # the longest context: a lower bound
