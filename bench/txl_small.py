@@ -77,7 +77,8 @@ def render(results: dict) -> str:
         "",
         f"Model: {model['position']}, {model['n_layers']} layers, d_model {model['d_model']}, "
         f"{model['n_heads']} heads, d_ff {model['d_ff']}, memory {model['mem_len']}; "
-        f"{results['parameters']:,} parameters. Data: {s['data']['name']}, "
+        f"{results['parameters']:,} parameters. Data: {s['data']['name']} (partition "
+        f"`{s.get('partition', 'hash')}`), "
         f"{s['data']['batch_size']} rows × {s['data']['segment_len']}-byte segments; "
         f"{s['steps']} steps, Adam {s['train']['lr']:g} with {s['train']['warmup_steps']} warm-up "
         f"steps, clip {s['train']['clip']:g}.",

@@ -45,3 +45,14 @@ def test_its_library_example_runs():
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
     assert namespace["tokens"].shape == (1, 20)  # the new tokens
+
+
+def test_its_first_commands_figures_are_the_measured_ones():
+    import json
+
+    measured = json.loads((ROOT / "docs/results/txl_small.json").read_text())
+    assert f"valid bpc {measured['valid_bpc']:.4f}, test bpc {measured['test_bpc']:.4f}" in README
+    assert f"valid bpc {measured['valid_bpc']:.4f} over" in README  # the sample output
+    assert (
+        f"`{measured['settings']['partition']}`" in (ROOT / "docs/results/txl_small.md").read_text()
+    )
