@@ -408,3 +408,22 @@ def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_m
     assert sorted(runs) == sorted((s, "defaults", seed) for s, _, seed in trained)
     for (scheme, _, seed), run in trained.items():
         assert runs[scheme, "defaults", seed].commands() == run.commands()
+
+
+def test_the_core_comparison_lists_every_training_run_once_from_one_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.core", "--dry-run", "--seeds", "0", "--probe-seeds", "0",
+         "--runs", "runs/x"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(set(lines)) and all(
+        line.startswith("python train.py") for line in lines
+    )
+    workdirs = [line.split("--workdir ")[1].split()[0] for line in lines]
+    assert "runs/x/txl_mem64_seed0" in workdirs and "runs/x/txl_mem0_seed0" in workdirs
+    assert workdirs.index("runs/x/rope_mem0_seed0") < workdirs.index("runs/x/rope_pi2_len64_seed0")
+    assert any(w.startswith("runs/x/probes/probe_needle_txl_memory") for w in workdirs)
+    assert all("--config.train.steps=4000" in line for line in lines if "probe" not in line
+               and "_pi" not in line)  # fmt: skip
