@@ -283,3 +283,18 @@ def test_one_layer_sees_the_same_span_with_memory_and_in_windows():
     assert np.abs(memory[6] - window[6]).max() > 1e-4  # the memory states carry older text
     with pytest.raises(ValueError, match="scoring='rnn' is invalid"):
         scoring_losses(two, TOKENS, [0], scoring="rnn", **kwargs)
+
+
+def test_a_replicate_is_recl_of_the_resampled_tokens(rng):
+    """The bootstrap weighs each token by how often it is drawn: the same RECL as copying them."""
+    from relpos_jax.analysis.recl import _recls, _stacked
+
+    group = _noisy_group(rng)
+    names, contexts, losses = _stacked(group)
+    for _ in range(5):
+        drawn = rng.integers(0, losses.shape[2], losses.shape[2])
+        weights = np.bincount(drawn, minlength=losses.shape[2])[None]
+        (by_weights,) = _recls(losses, contexts, [0.1, 0.5, 1.0], 0.01, weights)
+        copied = {name: {c: group[name][c][drawn] for c in contexts} for name in names}
+        for i, r in enumerate([0.1, 0.5, 1.0]):
+            assert dict(zip(names, by_weights[i].tolist(), strict=True)) == recl(copied, r=r)

@@ -51,6 +51,7 @@ from relpos_jax.analysis.context_losses import (  # noqa: F401  (the measurement
 )
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
+_CHUNK_ELEMENTS = 1 << 22  # resampled token weights held at once (replicates × tokens)
 
 
 def _check_r(r: float) -> None:
@@ -162,27 +163,42 @@ def _stacked(token_losses: Mapping[str, Mapping[int, np.ndarray]]):
 
 
 def _recls(
-    losses_MCN: np.ndarray, contexts: Sequence[int], r_values: Sequence[float], threshold: float
+    losses_MCN: np.ndarray,
+    contexts: Sequence[int],
+    r_values: Sequence[float],
+    threshold: float,
+    weights_RN: np.ndarray | None = None,
 ) -> np.ndarray:
-    """RECL ``[len(r_values), M]`` of every model of the group ``losses_MCN`` for each r: the one
-    computation behind ``recl`` and every bootstrap replicate (each c's baseline sorted once)."""
+    """RECL ``[R, len(r_values), M]`` of every model of the group ``losses_MCN`` for each r, in R
+    resamples given as how often each token is drawn (``weights_RN``; None: every token once).
+
+    The one computation behind ``recl`` and the bootstrap. A resample's top r is its ⌈r·n′⌉ drawn
+    tokens with the largest baseline (n′ = Σ weights): each c's tokens are sorted once, and each
+    resample takes the first of them by cumulative weight, the copies of a token being equal in
+    every model (ties between tokens: the earlier first, as ``top_r``)."""
     n = losses_MCN.shape[2]
-    counts = [max(1, math.ceil(r * n - 1e-9)) for r in r_values]  # 1e-9: r·n = 10.000000000000002
-    result = np.full((len(r_values), losses_MCN.shape[0]), contexts[-1], np.int64)
+    weights = np.ones((1, n)) if weights_RN is None else np.asarray(weights_RN, np.float64)
+    drawn = weights.sum(1)  # n′ of each resample
+    counts = [np.maximum(1, np.ceil(r * drawn - 1e-9)) for r in r_values]  # 1e-9: r·n = 10.0…02
+    result = np.full((len(weights), len(r_values), losses_MCN.shape[0]), contexts[-1], np.int64)
     gaining = np.ones(result.shape, bool)  # not yet below the threshold
     for k, c in enumerate(contexts[:-1]):
         baseline = losses_MCN[:, k].min(axis=0)  # b(c, t)
         order = np.argsort(-baseline, kind="stable")  # the hardest first, ties by token order
+        hard = baseline[order]
+        # [N, 1 + M]: b(c, t), then min(b(c, t), l_i(c′, t)) of each model, the hardest first
+        columns = np.concatenate([hard[None], np.minimum(hard, losses_MCN[:, k + 1, order])]).T
+        in_order = weights[:, order]
+        before = np.cumsum(in_order, axis=1) - in_order  # the weight drawn before each token
         for i, count in enumerate(counts):
-            if not gaining[i].any():
+            if not gaining[:, i].any():
                 continue
-            hard = order[:count]
-            f_short = baseline[hard].mean()  # f_i(c, c)
-            f_long = np.minimum(baseline[hard], losses_MCN[:, k + 1, hard]).mean(axis=1)
-            gain = -np.expm1(f_long - f_short)  # (e^f − e^f′) / e^f without overflow
-            stops = gaining[i] & (gain < threshold)
-            result[i, stops] = c
-            gaining[i] &= ~stops
+            taken = np.clip(count[:, None] - before, 0, in_order)  # [R, N]: its copies in T
+            f = (taken @ columns) / count[:, None]  # f_i(c, c) (column 0), then each f_i(c, c′)
+            gain = -np.expm1(f[:, 1:] - f[:, :1])  # (e^f − e^f′) / e^f without overflow
+            stops = gaining[:, i] & (gain < threshold)
+            result[:, i][stops] = c
+            gaining[:, i] &= ~stops
         if not gaining.any():
             break
     return result
@@ -198,7 +214,7 @@ def recl(
     _check_threshold(threshold)
     _check_r(r)
     names, contexts, losses = _stacked(token_losses)
-    (values,) = _recls(losses, contexts, [r], threshold)
+    ((values,),) = _recls(losses, contexts, [r], threshold)
     return {name: int(value) for name, value in zip(names, values, strict=True)}
 
 
@@ -228,7 +244,8 @@ def recl_intervals(
     """{model: {r: RECL and its percentile interval}} of the group ``token_losses``.
 
     Each replicate draws ⌈n / block⌉ blocks of ``block`` consecutive scored tokens with replacement
-    (the last block may be shorter), one draw for every model, and recomputes each model's RECL;
+    (the last block may be shorter), one draw for every model, and recomputes each model's RECL on
+    the drawn tokens (as ``recl`` of the resampled losses would, without copying them);
     the interval's ends are replicate values (``inverted_cdf`` quantiles), so they lie on the grid
     of contexts. The point is ``recl`` of all the tokens; a percentile interval need not contain it.
     """
@@ -241,15 +258,21 @@ def recl_intervals(
     if not 0 < level < 1:
         raise ValueError(f"recl_intervals: level={level!r} is invalid; use a fraction in (0, 1)")
     names, contexts, losses = _stacked(token_losses)
-    point = _recls(losses, contexts, r_values, threshold)
+    (point,) = _recls(losses, contexts, r_values, threshold)
     n = losses.shape[2]
     blocks = -(-n // block)
+    block_of = np.arange(n) // block
     rng = np.random.default_rng(seed)
-    stats = np.empty((replicates, *point.shape), np.int64)
-    for k in range(replicates):
-        drawn = (rng.integers(0, blocks, blocks)[:, None] * block + np.arange(block)).ravel()
-        stats[k] = _recls(losses[:, :, drawn[drawn < n]], contexts, r_values, threshold)
-    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2], axis=0, method="inverted_cdf")
+    chunk = max(1, _CHUNK_ELEMENTS // n)
+    stats = []
+    for start in range(0, replicates, chunk):
+        size = min(chunk, replicates - start)
+        drawn = rng.integers(0, blocks, (size, blocks)) + blocks * np.arange(size)[:, None]
+        per_block = np.bincount(drawn.ravel(), minlength=size * blocks).reshape(size, blocks)
+        stats.append(_recls(losses, contexts, r_values, threshold, per_block[:, block_of]))
+    lo, hi = np.quantile(
+        np.concatenate(stats), [(1 - level) / 2, (1 + level) / 2], axis=0, method="inverted_cdf"
+    )
     return {
         name: {
             r: Interval(int(point[i, m]), int(lo[i, m]), int(hi[i, m]), level)
