@@ -107,15 +107,19 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
 
     command = bench(
         "recl", "--ablation", "rope", "--runs", str(tmp_path / "runs"), "--seeds", "0",
-        "--out", str(tmp_path / "out"), "--contexts", "0,4,8", "--tokens", "64", "--segment", "4",
-        *(f"--set={s}" for s in sets),
+        "--out", str(tmp_path / "out"), "--delta", "4", "--longest", "8", "--tokens", "64",
+        "--segment", "4", "--replicates", "50", *(f"--set={s}" for s in sets),
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "recl.json").read_text())
     assert [r["label"] for r in results["runs"]] == ["rope, memory 128", "rope, memory 0"]
-    assert [r["mem_len"] for r in results["runs"]] == [128, 0]
-    assert all(set(r["recl"]) == set(r["pair_recl"]) == {"0.1", "0.5", "1.0"}
+    assert [(r["mem_len"], r["scoring"]) for r in results["runs"]] == [
+        (128, "memory"),
+        (0, "window"),
+    ]
+    assert results["contexts"] == [0, 4, 8] and results["group"] == "rope:128,rope:0"
+    assert all(set(r["recl"]) == set(r["recl_interval"]) == {"0.1", "0.5", "1.0"}
                for r in results["runs"])  # fmt: skip
     assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
