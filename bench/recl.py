@@ -397,9 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         "settings": sweep.settings(
             ["bench.recl", *(sys.argv[1:] if argv is None else argv)], tokens=args.tokens,
             segment=args.segment,
+            group=",".join(f"{s}:{m}" for s, m in args.group) if args.ablation else None,
         ),
         "protocol": PROTOCOL,
-        "group": ",".join(f"{s}:{m}" for s, m in args.group) if args.ablation else None,
         "contexts": args.contexts,
         "delta": args.delta,
         "r": list(R_VALUES),

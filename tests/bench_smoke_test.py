@@ -118,7 +118,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         (128, "memory"),
         (0, "window"),
     ]
-    assert results["contexts"] == [0, 4, 8] and results["group"] == "rope:128,rope:0"
+    assert results["contexts"] == [0, 4, 8] and results["settings"]["group"] == "rope:128,rope:0"
     assert all(set(r["recl"]) == set(r["recl_interval"]) == {"0.1", "0.5", "1.0"}
                for r in results["runs"])  # fmt: skip
     assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)

@@ -176,9 +176,9 @@ def _recl_results(seeds):
                       [[0, 32], [0, 0], [0, 0]]),
         ]  # fmt: skip
     settings = sweep.settings(["bench.recl", "--ablation", "txl:M,sinusoid:0"], tokens=1024,
-                              segment=16)  # fmt: skip
+                              segment=16, group="txl:64,sinusoid:0")  # fmt: skip
     bootstrap = {"replicates": 500, "level": 0.95, "seed": 0, "block": 16}
-    return {"settings": settings, "protocol": 2, "group": "txl:64,sinusoid:0",
+    return {"settings": settings, "protocol": 2,
             "contexts": [0, 32, 64], "delta": 32, "r": [0.1, 0.5, 1.0], "bootstrap": bootstrap,
             "runs": runs}  # fmt: skip
 
