@@ -11,8 +11,9 @@ from ``ablation_windows.npz``; ``sweep.Compare``):
 - bpc at 4× and 16× the training length: ``bench.extrapolation`` (``extrapolation.json``), models
   trained without memory, so on the rows without memory; the ``sized`` variant where the sweep has
   it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
-- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), in the group of every scheme's runs,
-  "≥" where a seed still gained at the longest context measured (a lower bound);
+- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), within the group that sweep measured
+  (Dai et al.'s four by default; every scheme's runs in a JSON of the earlier protocol), "≥" where
+  a seed still gained at the longest context measured (a lower bound);
 - needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the distances the probe
   trains on (over every distance scored, for a JSON that predates that record); the rows with
   memory from its ``memory`` condition, those without from ``in_segment``.
