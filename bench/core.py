@@ -8,8 +8,9 @@ In order, each a sweep of its own that resumes where it stopped:
 
 1. ``bench.ablation``: every scheme with memory 64 and without (Transformer-XL's Table 6 at small
    scale: 4 layers, d_model 128, segment 64), ``--steps`` steps, ``--seeds``;
-2. ``bench.extrapolation --models ablation``: the runs without memory of step 1 at 1×–256× their
-   length, and RoPE's position-interpolation fine-tunes at 2×–8×;
+2. ``bench.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
+   length (64 to 32,768), non-overlapping and in sliding windows, and RoPE's position-interpolation
+   fine-tunes at 2×–8×;
 3. ``bench.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
    vanilla) from the runs of step 1;
 4. ``bench.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
@@ -30,6 +31,7 @@ from bench.measure import ROOT
 
 SIZES = ("model.n_layers=4", "model.d_model=128", "model.d_ff=512", "data.segment_len=64")
 MEMORY = 64
+FACTORS = "1,2,4,8,16,32,64,128,256,512"  # of segment 64: up to 32,768, both protocols
 
 
 def commands(args) -> list[list[str]]:
@@ -39,7 +41,8 @@ def commands(args) -> list[list[str]]:
     common = ["--steps", str(args.steps), "--seeds", seeds, *runs, *sets, *out]
     return [
         ["bench.ablation", "--mem-len", str(MEMORY), *common],
-        ["bench.extrapolation", "--models", "ablation", *common],
+        ["bench.extrapolation", "--models", "ablation", "--factors", FACTORS,
+         "--sliding-up-to", str(64 * 512), *common],
         ["bench.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
          *out],
         ["bench.probes", "--steps", str(args.steps), "--seeds",
