@@ -2,7 +2,7 @@
 column of the leaderboard, then the claim-by-claim table against the papers.
 
     .venv/bin/python -m bench.core [--steps 4000] [--seeds 0,1,2] [--probe-seeds 0,1,2,3,4,5]
-        [--runs runs/core] [--out docs/results] [--dry-run] [--finished-only]
+        [--runs runs/core] [--out docs/results/core] [--dry-run] [--finished-only]
 
 In order, each a sweep of its own that resumes where it stopped:
 
@@ -15,6 +15,9 @@ In order, each a sweep of its own that resumes where it stopped:
    vanilla) from the runs of step 1;
 4. ``bench.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
 5. ``bench.leaderboard`` and ``bench.papers``: the tables, from the JSONs.
+
+Everything goes to ``--out`` (``docs/results/core``): the home of this protocol's results, apart
+from the earlier sweeps' tables in ``docs/results``, which mixed models, steps and splits.
 
 ``--dry-run`` prints the training runs of steps 1, 2 and 4, each command line once (step 2 reuses
 step 1's runs; its fine-tunes start from them, so a scheduler runs them after), for a Slurm array
@@ -47,8 +50,8 @@ def commands(args) -> list[list[str]]:
          *out],
         ["bench.probes", "--steps", str(args.steps), "--seeds",
          ",".join(map(str, args.probe_seeds)), "--runs", f"{args.runs}/probes", *out],
-        ["bench.leaderboard", *out],
-        ["bench.papers", *out],
+        ["bench.leaderboard", "--results", args.out, *out],
+        ["bench.papers", "--results", args.out, *out],
     ]  # fmt: skip
 
 
@@ -80,7 +83,7 @@ def main() -> None:
     )
     options.add_runs(parser, "runs/core")
     options.add_overrides(parser, help="applied to every run of steps 1-3 (after the sizes)")
-    options.add_out(parser)
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "core"))
     args = parser.parse_args()
     if args.dry_run:
         print(dry_run(args))
