@@ -37,7 +37,6 @@ CHANGES = {
     "partition": ("5db85fa", "on the former hash split of the corpus"),
     "kerple": ("8a0feb0", "with the former KERPLE (per layer, a forward clamp)"),
     "fire": ("d92df9f", "with the former FIRE (L = 512, w1 ~ N(0, 1), L learned directly)"),
-    "yarn": ("fc5d76e", "with YaRN's β for L₀ = 4,096"),
 }
 
 
