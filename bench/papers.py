@@ -55,23 +55,33 @@ class Claim:
     judge: Callable[[dict, Callable[[str, str], bool]], Verdict]  # (results by file, contains)
 
 
-def order(a: list[float], b: list[float], names: tuple[str, str], digits: int = 4) -> Verdict:
-    """Whether ``a`` lies below ``b`` (a paper's "a is better": lower bpc), by the spread rule."""
+def order(
+    a: list[float], b: list[float], names: tuple[str, str], windows=None, digits: int = 4
+) -> Verdict:
+    """Whether ``a`` lies below ``b`` (a paper's "a is better": lower bpc), by the sweeps' rule
+    (``sweep.Compare``: the paired bootstrap where ``windows``, the two sides' windows of each
+    seed, are all kept; else the spread rule)."""
     if not a or not b:
         return Verdict("not comparable", "not measured", "the sweep has not run this pair")
+    compare = sweep.Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None)
     text = (
-        f"{names[0]} {sweep.mean_sd_text(a, digits)} vs {names[1]} "
-        f"{sweep.mean_sd_text(b, digits)} ({min(len(a), len(b))} seeds)"
+        f"{names[0]} {compare.cell(0, digits)} vs {names[1]} {compare.cell(1, digits)} "
+        f"({min(len(a), len(b))} seeds)"
     )
-    if not sweep.apart(a, b):
-        return Verdict("not resolved", text, "within twice the larger seed spread")
-    below = statistics.mean(a) < statistics.mean(b)
-    return Verdict("agrees" if below else "disagrees", text)
+    if not compare.apart(0, 1):
+        why = "the paired interval of the difference holds zero" if compare.bootstrap else (
+            "within twice the larger seed spread"
+        )  # fmt: skip
+        return Verdict("not resolved", text, why)
+    below = compare.mean(0) < compare.mean(1)
+    return Verdict("agrees" if below else "disagrees", text + compare.difference_text(0, 1, digits))
 
 
-def _ablation(results: dict, scheme: str, memory: bool) -> list[float]:
+def _ablation(results: dict, scheme: str, memory: bool, field: str = "test_bpc") -> list:
+    """Each seed's ``field`` of the ablation's (scheme, memory) runs (``test_windows``: None where
+    a run kept none)."""
     runs = results.get("ablation.json", {}).get("runs", [])
-    return [r["test_bpc"] for r in runs if r["scheme"] == scheme and (r["memory"] > 0) == memory]
+    return [r.get(field) for r in runs if r["scheme"] == scheme and (r["memory"] > 0) == memory]
 
 
 def _extrapolated(results: dict, label: str, factor: int) -> list[float]:
@@ -100,7 +110,8 @@ def _stale(results: dict, name: str, changes: tuple[str, ...], contains) -> str:
 
 def _table6(a: tuple[str, bool], b: tuple[str, bool], label: tuple[str, str]):
     def judge(results: dict, contains) -> Verdict:
-        verdict = order(_ablation(results, *a), _ablation(results, *b), label)
+        windows = [_ablation(results, *side, field="test_windows") for side in (a, b)]
+        verdict = order(_ablation(results, *a), _ablation(results, *b), label, windows)
         stale = _stale(results, "ablation.json", ("partition",), contains)
         return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
 
@@ -252,9 +263,7 @@ def render(results: dict, contains=contains) -> str:
         "never numbers.",
         "",
         "Scale: the papers train word- or token-level models of 100M+ parameters for 100k+ "
-        f"steps; here bytes of the embedded corpus, the ablation {_sets(a)} for "
-        f"{a.get('steps', '?')} steps, the extrapolation trained at {e.get('train_len', '?')} "
-        f"for {e.get('steps', '?')} steps, without memory.",
+        f"steps; here bytes of the embedded corpus{_scale(a, e)}.",
         "",
         "| source | claim | paper | here | verdict | why |",
         "|---|---|---|---|---|---|",
@@ -269,6 +278,15 @@ def render(results: dict, contains=contains) -> str:
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
     lines += ["", "Tally: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "."]
     return "\n".join([*lines, ""])
+
+
+def _scale(a: dict, e: dict) -> str:
+    """What the runs were: the ablation's sizes and steps, the extrapolation's training."""
+    parts = [f"the ablation {_sets(a)} for {a['steps']} steps"] if a else []
+    if e:
+        parts.append(f"the extrapolation trained at {e['train_len']} for {e['steps']} steps, "
+                     "without memory")  # fmt: skip
+    return (", " + ", ".join(parts)) if parts else ""
 
 
 def _sets(settings: dict) -> str:

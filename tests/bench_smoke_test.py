@@ -329,21 +329,23 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
      ("compare_training", "compare_training"), ("extrapolation", "extrapolation"),
      ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes"),
-     ("txl_small", "txl_small"), ("compile_depth", "compile_depth")],
+     ("txl_small", "txl_small"), ("compile_depth", "compile_depth"), ("core/ablation", "ablation")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
 
     render = importlib.import_module(f"bench.{script}").render
-    results = json.loads((ROOT / f"docs/results/{table}.json").read_text())
+    results = sweep.read(ROOT / f"docs/results/{table}.json")  # with its windows, where kept
     assert render(results) == (ROOT / f"docs/results/{table}.md").read_text()
 
 
-def test_the_committed_leaderboard_is_gathered_from_the_committed_jsons():
-    from bench import leaderboard
+@pytest.mark.parametrize("folder", ["docs/results", "docs/results/core"])
+def test_the_committed_leaderboard_and_papers_are_gathered_from_the_committed_jsons(folder):
+    from bench import leaderboard, papers
 
-    rendered = leaderboard.render(*leaderboard.gather(ROOT / "docs/results"))
-    assert rendered == (ROOT / "docs/results/README.md").read_text()
+    rendered = leaderboard.render(*leaderboard.gather(ROOT / folder))
+    assert rendered == (ROOT / folder / "README.md").read_text()
+    assert papers.render(papers.gather(ROOT / folder)) == (ROOT / folder / "papers.md").read_text()
 
 
 def _yarn_shares(dim: int, train_len: int, betas: dict) -> tuple[float, float]:
