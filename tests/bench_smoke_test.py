@@ -416,10 +416,10 @@ def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_m
         assert runs[scheme, "defaults", seed].commands() == run.commands()
 
 
-def test_the_core_comparison_lists_every_training_run_once_from_one_command():
-    result = subprocess.run(
+def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_path):
+    result = subprocess.run(  # an empty --out: no run reused from the JSONs of docs/results/core
         [sys.executable, "-m", "bench.core", "--dry-run", "--seeds", "0", "--probe-seeds", "0",
-         "--runs", "runs/x"],
+         "--runs", "runs/x", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -433,3 +433,14 @@ def test_the_core_comparison_lists_every_training_run_once_from_one_command():
     assert any(w.startswith("runs/x/probes/probe_needle_txl_memory") for w in workdirs)
     assert all("--config.train.steps=4000" in line for line in lines if "probe" not in line
                and "_pi" not in line)  # fmt: skip
+
+
+def test_the_core_comparison_reuses_the_runs_its_committed_json_holds():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.core", "--dry-run", "--seeds", "0", "--runs", "runs/x"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    workdirs = {line.split("--workdir ")[1].split()[0] for line in result.stdout.splitlines()}
+    assert "runs/x/t5_mem64_seed0" in workdirs  # not in docs/results/core/ablation.json
+    assert "runs/x/txl_mem64_seed0" not in workdirs  # measured there: reused, not listed
