@@ -171,17 +171,12 @@ def pi_runs_of(args, runs: dict) -> dict[tuple[str, str, int], sweep.Run]:
         for seed in args.seeds:
             base = runs["rope", "defaults", seed]
             batch = load_config(ROOT / base.config, list(base.settings)).data.batch_size
-            start = (
-                base.workdir.relative_to(ROOT)
-                if base.workdir.is_relative_to(ROOT)
-                else base.workdir
-            )
             name = f"rope_pi{factor}_len{args.train_len}_seed{seed}"
             settings = (
                 *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",
                 "train.eval_every=0", "model.mem_len=0",
                 f"data.segment_len={args.train_len * factor}",
-                f"data.batch_size={max(1, batch // factor)}", f"train.init_from={start}",
+                f"data.batch_size={max(1, batch // factor)}", f"train.init_from={base.named_workdir}",
             )  # fmt: skip
             pi_runs["rope", f"pi{factor}", seed] = sweep.Run(
                 name, pathlib.Path(args.runs) / name, f"configs/rope_pi.py:{factor}", settings

@@ -30,7 +30,7 @@ import pathlib
 import statistics
 
 from bench import args as options
-from bench import sweep
+from bench import probes, sweep
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
@@ -75,11 +75,10 @@ def _recl(results: dict, cells: dict) -> None:
 
 def _needle(results: dict, cells: dict) -> None:
     rows = {"memory": True, "in_segment": False}
-    low, high = results["settings"].get("trained", (0, float("inf")))
     for run in results["runs"]:
-        trained = [p for p in run.get("curve", ()) if low <= p["distance"] <= high]
+        trained = probes.trained_accuracy(results["settings"], run.get("curve", ()))
         if run["condition"] in rows and trained:
-            accuracy = statistics.mean(point["byte_accuracy"] for point in trained)
+            accuracy = statistics.mean(trained)
             cells.setdefault((run["scheme"], rows[run["condition"]], "needle accuracy"), []).append(
                 accuracy
             )

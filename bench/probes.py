@@ -128,15 +128,21 @@ def trained_distances(probe_name: str, step: int = 8) -> list[int]:
     return sorted({*range(shortest, longest + 1, step), longest})
 
 
+def trained_accuracy(settings: dict, curve) -> list[float]:
+    """The accuracies of ``curve`` at the distances the probe trains on (``settings["trained"]``;
+    every distance for a JSON that predates that record)."""
+    low, high = settings.get("trained", (0, float("inf")))
+    return [point["byte_accuracy"] for point in curve if low <= point["distance"] <= high]
+
+
 def solved_by(results: dict, field: str = "curve") -> dict[tuple[str, str], tuple[int, int]]:
     """(seeds whose accuracy averaged over the trained distances reaches ``SOLVED``, seeds) of
     each (scheme, condition)."""
-    low, high = results["settings"].get("trained", (0, float("inf")))
     counts: dict[tuple[str, str], tuple[int, int]] = {}
     for run in results["runs"]:
         if field not in run:
             continue
-        trained = [p["byte_accuracy"] for p in run[field] if low <= p["distance"] <= high]
+        trained = trained_accuracy(results["settings"], run[field])
         solved = bool(trained) and sum(trained) / len(trained) >= SOLVED
         done, seeds = counts.get((run["scheme"], run["condition"]), (0, 0))
         counts[run["scheme"], run["condition"]] = (done + solved, seeds + 1)

@@ -45,11 +45,16 @@ class Run:
     settings: tuple[str, ...]  # config overrides, section.field=value
     eval_flags: tuple[str, ...] = ("--splits", "test")
 
-    def commands(self) -> list[list[str]]:
+    @property
+    def named_workdir(self) -> pathlib.Path:
+        """``workdir`` as its command lines name it: relative to the repository root they run
+        from, where it lies inside it."""
         inside = self.workdir.is_absolute() and self.workdir.is_relative_to(ROOT)
-        workdir = self.workdir.relative_to(ROOT) if inside else self.workdir  # run from ROOT
+        return self.workdir.relative_to(ROOT) if inside else self.workdir
+
+    def commands(self) -> list[list[str]]:
         flags = [
-            "--config", self.config, "--workdir", str(workdir),
+            "--config", self.config, "--workdir", str(self.named_workdir),
             *(f"--config.{s}" for s in self.settings),
         ]  # fmt: skip
         return [["python", "train.py", *flags], ["python", "eval.py", *flags, *self.eval_flags]]
