@@ -34,6 +34,7 @@ from bench.measure import ROOT
 
 SIZES = ("model.n_layers=4", "model.d_model=128", "model.d_ff=512", "data.segment_len=64")
 MEMORY = 64
+TRAINING = ("bench.ablation", "bench.extrapolation", "bench.probes")  # the sweeps that train
 FACTORS = "1,2,4,8,16,32,64,128,256,512"  # of segment 64: up to 32,768, both protocols
 
 
@@ -66,7 +67,7 @@ def dry_run(args) -> str:
     """Every training run of the sweeps, each command line once, in order."""
     lines: dict[str, None] = {}
     for command in commands(args):
-        if command[0] in ("bench.ablation", "bench.extrapolation", "bench.probes"):
+        if command[0] in TRAINING:
             listed = _python(command, "--dry-run", capture=True).stdout.splitlines()
             lines.update(dict.fromkeys(line for line in listed if line.startswith("python ")))
     return "\n".join(lines)
@@ -89,9 +90,7 @@ def main() -> None:
         print(dry_run(args))
         return
     for command in commands(args):
-        finished = ["--finished-only"] if args.finished_only and command[0] != "bench.recl" else []
-        if command[0] in ("bench.leaderboard", "bench.papers"):
-            finished = []
+        finished = ["--finished-only"] if args.finished_only and command[0] in TRAINING else []
         print(f"== python -m {' '.join(command)}", flush=True)
         _python(command, *finished)
 

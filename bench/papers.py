@@ -21,6 +21,7 @@ orders. Writes ``papers.md`` in ``--out``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pathlib
 import statistics
@@ -97,23 +98,34 @@ def _extrapolated(results: dict, label: str, factor: int) -> list[float]:
     ]  # fmt: skip
 
 
-def _stale(results: dict, name: str, changes: tuple[str, ...], contains) -> str:
-    """Why ``name``'s JSON measured a former version ("" where it is current)."""
+def _stale(results: dict, name: str, changes: tuple[str, ...], contains) -> tuple[list[str], str]:
+    """The ``changes`` that ``name``'s JSON was measured before, and the sentence that says so
+    ("" where it is current)."""
     measured = results.get(name, {}).get("settings", {}).get("commit")
-    if measured is None:
-        return ""
-    older = [CHANGES[c] for c in changes if not contains(measured, CHANGES[c][0])]
+    older = [c for c in changes if measured is not None and not contains(measured, CHANGES[c][0])]
     if not older:
-        return ""
-    return f"measured at {measured} " + ", ".join(f"{what} ({commit})" for commit, what in older)
+        return [], ""
+    said = ", ".join(f"{CHANGES[c][1]} ({CHANGES[c][0]})" for c in older)
+    return older, f"measured at {measured} {said}"
 
 
-def _table6(a: tuple[str, bool], b: tuple[str, bool], label: tuple[str, str]):
+def _with_why(verdict: Verdict, stale: str) -> Verdict:
+    return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
+
+
+def _label(scheme: str, memory: bool) -> str:
+    return f"{scheme}, {'memory' if memory else 'none'}"
+
+
+def _table6(a: tuple[str, bool], b: tuple[str, bool]):
+    """``a``'s test bpc below ``b``'s, (scheme, memory?) each, in the ablation."""
+
     def judge(results: dict, contains) -> Verdict:
         windows = [_ablation(results, *side, field="test_windows") for side in (a, b)]
-        verdict = order(_ablation(results, *a), _ablation(results, *b), label, windows)
-        stale = _stale(results, "ablation.json", ("partition",), contains)
-        return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
+        names = (_label(*a), _label(*b))
+        verdict = order(_ablation(results, *a), _ablation(results, *b), names, windows)
+        _, stale = _stale(results, "ablation.json", ("partition",), contains)
+        return _with_why(verdict, stale)
 
     return judge
 
@@ -125,10 +137,10 @@ def _extrapolation(longer: tuple[str, int], shorter: tuple[str, int], changes=()
     def judge(results: dict, contains) -> Verdict:
         names = (f"{longer[0]} at {longer[1]}×", f"{shorter[0]} at {shorter[1]}×")
         verdict = order(_extrapolated(results, *longer), _extrapolated(results, *shorter), names)
-        stale = _stale(results, "extrapolation.json", ("partition", *changes), contains)
-        if any(c != "partition" and CHANGES[c][1] in stale for c in changes):
+        older, stale = _stale(results, "extrapolation.json", ("partition", *changes), contains)
+        if set(older) & set(changes):  # a former implementation: another model than the paper's
             return Verdict("not comparable", verdict.ours, stale)
-        return dataclasses.replace(verdict, why="; ".join(filter(None, (verdict.why, stale))))
+        return _with_why(verdict, stale)
 
     return judge
 
@@ -160,25 +172,25 @@ CLAIMS = (
         "Transformer-XL, Table 6",
         "recurrence helps its relative encoding: TXL with memory below TXL without",
         "27.02 vs 29.59 ppl",
-        _table6(("txl", True), ("txl", False), ("txl, memory", "txl, none")),
+        _table6(("txl", True), ("txl", False)),
     ),
     Claim(
         "Transformer-XL, Table 6",
         "with recurrence, its encoding beats Shaw's",
         "27.02 vs 27.94 ppl",
-        _table6(("txl", True), ("shaw", True), ("txl, memory", "shaw, memory")),
+        _table6(("txl", True), ("shaw", True)),
     ),
     Claim(
         "Transformer-XL, Table 6",
         "recurrence helps Shaw's encoding too",
         "27.94 vs 29.75 ppl",
-        _table6(("shaw", True), ("shaw", False), ("shaw, memory", "shaw, none")),
+        _table6(("shaw", True), ("shaw", False)),
     ),
     Claim(
         "Transformer-XL, Table 6",
         "without recurrence, relative (TXL) beats absolute sinusoids",
         "29.59 vs 30.97 ppl (half loss)",
-        _table6(("txl", False), ("sinusoid", False), ("txl, none", "sinusoid, none")),
+        _table6(("txl", False), ("sinusoid", False)),
     ),
     Claim(
         "ALiBi, Table / Fig. 1 (WikiText-103, trained at 512)",
@@ -268,14 +280,13 @@ def render(results: dict, contains=contains) -> str:
         "| source | claim | paper | here | verdict | why |",
         "|---|---|---|---|---|---|",
     ]
-    for claim, v in judge_all(results, contains):
+    judged = judge_all(results, contains)
+    for claim, v in judged:
         lines.append(
             f"| {claim.source} | {claim.claim} | {claim.paper} | {v.ours} | **{v.verdict}** | "
             f"{v.why} |"
         )
-    counts = {}
-    for _, v in judge_all(results, contains):
-        counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    counts = collections.Counter(v.verdict for _, v in judged)
     lines += ["", "Tally: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "."]
     return "\n".join([*lines, ""])
 
@@ -306,7 +317,9 @@ def main() -> None:
     options.add_out(parser)
     args = parser.parse_args()
     table = render(gather(pathlib.Path(args.results)))
-    (pathlib.Path(args.out) / "papers.md").write_text(table)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # as the sweeps make theirs
+    (out / "papers.md").write_text(table)
     print(table)
 
 
