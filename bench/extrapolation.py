@@ -163,9 +163,9 @@ def pi_factors(args) -> list[int]:
     return [f for f in args.factors if 2 <= f <= args.extensions_up_to]
 
 
-def pi_runs_of(args, runs: dict) -> dict[tuple[str, str, int], sweep.Run]:
+def pi_runs_of(args, runs: dict) -> dict[tuple[int, int], sweep.Run]:
     """Each seed's fine-tune of its RoPE run (``runs``) at each ``pi_factors`` factor, by
-    (``"rope"``, ``"pi<factor>"``, seed)."""
+    (factor, seed)."""
     pi_runs = {}
     for factor in pi_factors(args):
         for seed in args.seeds:
@@ -176,9 +176,10 @@ def pi_runs_of(args, runs: dict) -> dict[tuple[str, str, int], sweep.Run]:
                 *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",
                 "train.eval_every=0", "model.mem_len=0",
                 f"data.segment_len={args.train_len * factor}",
-                f"data.batch_size={max(1, batch // factor)}", f"train.init_from={base.named_workdir}",
+                f"data.batch_size={max(1, batch // factor)}",
+                f"train.init_from={base.named_workdir}",
             )  # fmt: skip
-            pi_runs["rope", f"pi{factor}", seed] = sweep.Run(
+            pi_runs[factor, seed] = sweep.Run(
                 name, pathlib.Path(args.runs) / name, f"configs/rope_pi.py:{factor}", settings
             )
     return pi_runs
@@ -217,8 +218,9 @@ def labels_of(scheme: str) -> tuple[tuple[str, str | None], ...]:
 def score(
     run: sweep.Run, labels, lengths: list[int], args
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{label: {protocol: {L: bpc}}} of one run at ``lengths`` for each ``(label, RoPE extension)``
-    of ``labels`` (``labels_of``: its scheme, and RoPE's extensions). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
+    """{label: {protocol: {L: bpc}}} of one run at ``lengths`` for each ``(label, RoPE
+    extension)`` of ``labels`` (``labels_of``: its scheme, and RoPE's extensions; the first, its
+    own). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
     measured (for these tokens and stride), so a stopped sweep goes on from the next length."""
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
@@ -490,10 +492,10 @@ def main() -> None:
             for (scheme, variant, seed), run in runs.items()
             for label, bpc in score(run, labels_of(scheme), args.lengths, args).items()
         ] + [
-            {"scheme": scheme, "variant": "defaults", "seed": seed, "label": label, "bpc": bpc}
-            for (scheme, variant, seed), run in pi_runs.items()
+            {"scheme": "rope", "variant": "defaults", "seed": seed, "label": label, "bpc": bpc}
+            for (factor, seed), run in pi_runs.items()
             for label, bpc in score(
-                run, ((PI_LABEL, None),), [args.train_len * int(variant[2:])], args
+                run, ((PI_LABEL, None),), [args.train_len * factor], args
             ).items()
         ],
     }  # fmt: skip
