@@ -318,3 +318,21 @@ def latest_step(directory: str | pathlib.Path) -> int | None:
         else []
     )
     return max(steps, default=None)
+
+
+def restore_run_model(
+    workdir: str | pathlib.Path, model_state: Any, config: Any, *, field: str, fix: str
+) -> tuple[int, Any]:
+    """``(step, model state)`` of the newest readable checkpoint of the run in ``workdir``, laid out
+    as ``model_state`` (the model half of the saved (model, optimizer); the model fields must
+    match ``config``). A folder without a checkpoint is one line naming ``field`` and ``fix``."""
+    directory = pathlib.Path(workdir).expanduser() / "checkpoints"
+    if latest_step(directory) is None:
+        raise ConfigError(f"{field}={str(workdir)!r} is invalid; it holds no checkpoint, {fix}")
+    target = {0: model_state}
+    checkpointer = Checkpointer(directory)
+    step, restored = checkpointer.restore_newest(
+        lambda s: checkpointer.restore_params(s, target),
+        state=target, config=config, set_aside=False, partial=True,
+    )  # fmt: skip
+    return step, restored[0]

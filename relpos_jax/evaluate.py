@@ -279,27 +279,15 @@ def evaluate_split(
 
 def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
     """The model of the latest checkpoint in ``workdir`` (parameters only)."""
-    from relpos_jax.checkpoint import Checkpointer, latest_step
+    from relpos_jax.checkpoint import restore_run_model
 
     cfg = Config.from_any(config)
-    directory = pathlib.Path(workdir) / "checkpoints"
-    step = latest_step(directory)
-    if step is None:
-        raise ConfigError(
-            f"workdir={str(workdir)!r} is invalid; it holds no checkpoint, train first "
-            "(python train.py --config ... --workdir ...)"
-        )
     graphdef, model_state = nnx.split(TransformerLM(cfg.model, rngs=nnx.Rngs(0)))
-    target = nnx.State({0: model_state})  # the model half of the saved (model, optimizer)
-    checkpointer = Checkpointer(directory)
-    step, restored = checkpointer.restore_newest(
-        lambda s: checkpointer.restore_params(s, target),
-        state=target,
-        config=cfg,
-        set_aside=False,
-        partial=True,
-    )
-    return nnx.merge(graphdef, restored[0]), cfg, step
+    step, restored = restore_run_model(
+        workdir, model_state, cfg, field="workdir",
+        fix="train first (python train.py --config ... --workdir ...)",
+    )  # fmt: skip
+    return nnx.merge(graphdef, restored), cfg, step
 
 
 def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:

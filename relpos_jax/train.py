@@ -23,8 +23,8 @@ from jax.experimental import multihost_utils  # no stable replacement yet
 
 from relpos_jax import data as data_lib
 from relpos_jax import sharding, train_step
-from relpos_jax.checkpoint import Checkpointer, latest_step, sections
-from relpos_jax.config import Config, ConfigError
+from relpos_jax.checkpoint import Checkpointer, restore_run_model, sections
+from relpos_jax.config import Config
 from relpos_jax.errors import accelerator_error
 from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import init_mems
@@ -152,21 +152,12 @@ class Trainer:
     def _start_from(self, workdir: str) -> None:
         """The model of ``workdir``'s newest checkpoint in place of the fresh one (``train.init_from``):
         the model fields must match it, the optimizer, data and step start anew."""
-        directory = pathlib.Path(workdir).expanduser() / "checkpoints"
-        if latest_step(directory) is None:
-            raise ConfigError(
-                f"train.init_from={workdir!r} is invalid; it holds no checkpoint, pass the "
-                "--workdir of a trained run"
-            )
-        target = nnx.State({0: self.state[0]})  # the model half of (model, optimizer)
-        checkpointer = Checkpointer(directory)
-        step, restored = checkpointer.restore_newest(
-            lambda s: checkpointer.restore_params(s, target),
-            state=target, config=self.config, set_aside=False, partial=True,
+        step, self.state[0] = restore_run_model(
+            workdir, self.state[0], self.config, field="train.init_from",
+            fix="pass the --workdir of a trained run",
         )  # fmt: skip
-        self.state[0] = restored[0]
         if self.is_main:
-            print(f"starting from the model of {directory / str(step)}", flush=True)
+            print(f"starting from the model of {workdir} (step {step})", flush=True)
 
     def save(self) -> None:
         self.checkpointer.save(
