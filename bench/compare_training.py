@@ -63,8 +63,8 @@ def run_peer(scheme: str, mem_len: int, seed: int, sets, steps: int) -> dict:
     torch.manual_seed(seed)
     position = {
         "alibi": {"alibi_pos_bias": True},
-        "t5": {"rel_pos_bias": True, "rel_pos_num_buckets": m.t5_num_buckets,
-               "rel_pos_max_distance": m.t5_max_distance},
+        "t5": {"rel_pos_bias": True, "rel_pos_num_buckets": m.t5.num_buckets,
+               "rel_pos_max_distance": m.t5.max_distance},
         "rope": {"rotary_pos_emb": True},
     }[scheme]  # fmt: skip
     model = TransformerWrapper(

@@ -43,7 +43,7 @@ def measure(scheme: str, devices: int, context: int, run: bool) -> dict:
     half = context // 2
     cfg.model.update(
         position=scheme, mem_len=half, attention_impl="tiled", key_tile=512, query_tile=512,
-        dropout=0.0, max_len=max(4096, context),
+        dropout=0.0, learned={"max_len": max(4096, context)},
     )  # fmt: skip
     cfg = Config.from_any(cfg)
     mesh = sharding.make_mesh(

@@ -27,7 +27,7 @@ there, or here if missing), so that the leaderboard's test bpc and its extrapola
 from one set of models; the trained length is then their ``data.segment_len`` and there is no
 sized variant.
 
-Learned absolute positions have no row beyond their table (``max_len``): name them with
+Learned absolute positions have no row beyond their table (``model.learned.max_len``): name them with
 ``--schemes`` only for lengths within it. Variants: ``defaults`` keeps the config's position tables;
 ``sized`` (only for the schemes that have tables: shaw, t5, deberta) sizes them to the trained
 distances, so that no row or bucket the evaluation reads was left at its initialisation: Shaw's
@@ -75,10 +75,10 @@ def variant_settings(variant: str, train_len: int) -> tuple[str, ...]:
     if variant == "defaults":
         return ()
     return (
-        f"model.shaw_max_distance={train_len - 1}", f"model.t5_max_distance={train_len}",
-        f"model.t5_num_buckets={min(32, train_len)}",  # half of them exact, below the max
-        f"model.deberta_bucket_size={max(2, train_len // 2)}",
-        f"model.deberta_max_position={train_len}",
+        f"model.shaw.max_distance={train_len - 1}", f"model.t5.max_distance={train_len}",
+        f"model.t5.num_buckets={min(32, train_len)}",  # half of them exact, below the max
+        f"model.deberta.bucket_size={max(2, train_len // 2)}",
+        f"model.deberta.max_position={train_len}",
     )  # fmt: skip
 
 
@@ -113,9 +113,9 @@ def sized_as_defaults(scheme: str, train_len: int) -> bool:
     overrides = variant_settings("sized", train_len)
     sized = load_config(ROOT / config_file(scheme), list(overrides))
     defaults = load_config(ROOT / config_file(scheme))
-    fields = (o.split("=")[0].removeprefix("model.") for o in overrides)
-    own = [f for f in fields if f.startswith(f"{scheme}_")]  # a scheme's fields: model.<scheme>_*
-    return all(sized.model[f] == defaults.model[f] for f in own)
+    fields = (o.split("=")[0].removeprefix("model.").split(".") for o in overrides)
+    own = [f for s, f in fields if s == scheme]  # the scheme's own settings: model.<scheme>.<f>
+    return all(sized.model[scheme][f] == defaults.model[scheme][f] for f in own)
 
 
 def ablation_runs(args) -> dict[tuple[str, str, int], sweep.Run]:

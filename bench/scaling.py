@@ -20,7 +20,9 @@ def scaling(spec: dict) -> dict:
     from flax import nnx
 
     length = spec["length"]
-    model = our_model(spec["scheme"], SIZES[spec["size"]], mem_len=length, max_len=2 * length)
+    model = our_model(
+        spec["scheme"], SIZES[spec["size"]], mem_len=length, learned={"max_len": 2 * length}
+    )
     data = jax.random.randint(jax.random.key(0), (1, length + 1), 0, VOCAB)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     mems = model.init_mems(1)

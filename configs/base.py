@@ -1,6 +1,8 @@
 """Every config field, commented, with its default. Other configs start from this one.
 
 Override any field on the command line: ``--config configs/txl_small.py --config.model.mem_len=256``.
+A scheme's own settings, ``model.<scheme>.<field>`` (``--config.model.shaw.max_distance=32``), are
+declared with their defaults and comments in its module, ``relpos_jax/schemes/<scheme>.py``.
 """
 
 from __future__ import annotations
@@ -8,12 +10,14 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
+from relpos_jax import schemes
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
 
     c.model = m = ml_collections.ConfigDict()
-    m.position = "txl"  # txl | shaw | t5 | alibi | rope | sinusoid | learned | deberta | none
+    m.position = "txl"  # a registered scheme: txl | shaw | t5 | alibi | rope | sinusoid | …
     m.vocab_size = 256  # bytes
     m.n_layers = 6
     m.d_model = 256
@@ -25,7 +29,6 @@ def get_config() -> ml_collections.ConfigDict:
     m.mem_len = 128  # memory slots per layer (0: no recurrence)
     m.same_length = False  # every query sees the same number of keys (mem_len + 1)
     m.clamp_len = config_dict.placeholder(int)  # txl: cap relative distances (None: no cap)
-    m.untie_r = False  # txl: one u/v pair per layer instead of one shared pair
     m.pre_norm = False  # the paper is post-norm
     m.remat = False  # recompute each layer's activations in the backward pass (less memory)
     m.tie_embeddings = True  # output projection = input embedding transposed
@@ -37,20 +40,11 @@ def get_config() -> ml_collections.ConfigDict:
     m.d_embed = config_dict.placeholder(int)  # None: d_model
     m.tie_projs = ()  # per cluster: the output projection is the input one (): none tied
     m.init_std = 0.02
-    m.max_len = 4096  # learned: rows of the absolute table (longer positions reuse the last)
+    # the rotary schemes' (rope and its kin): flat, as model.rope_scaling is in the public contract
     m.rope_base = 10000.0
     m.rope_scaling = config_dict.placeholder(dict)  # HuggingFace rope_scaling dict, e.g. yarn
     m.rope_fraction = 1.0  # partial rotary: fraction of each head that rotates
     m.rope_interleaved = False  # pairs (2i, 2i+1) instead of rotate-half
-    m.shaw_max_distance = 64  # shaw: k, the table has 2k + 1 rows
-    m.t5_num_buckets = 32
-    m.t5_max_distance = 128
-    # fire: the threshold L of ψ(max(L, i)) at init (learned after); None: the training window,
-    # data.segment_len + mem_len (the longest query position + 1 of a training window)
-    m.fire_threshold = config_dict.placeholder(int)
-    m.kerple_per_layer = False  # kerple: r1, r2 per layer (False: one pair shared, as the authors)
-    m.deberta_bucket_size = 256
-    m.deberta_max_position = 512
     m.dtype = "float32"  # compute dtype: float32 | bfloat16 (parameters stay float32)
     # dense: the [T, K] logits at once | tiled: key tiles, online softmax | kernel: the Pallas
     # kernels (GPU, TPU; interpreted on a CPU) | auto: kernel on GPU/TPU, else dense or tiled by length
@@ -58,6 +52,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.key_tile = 512  # tiled: keys per tile
     m.query_tile = 512  # tiled: queries per tile (a layer holds query_tile·key_tile logits a head)
     m.kernel_block = 0  # kernel: queries and keys per block (0: 64 on GPU, 128 on TPU)
+    for name in schemes.names():  # model.<scheme>.<field>: each scheme's own settings
+        if (own := schemes.get(name).config()) is not None:
+            m[name] = own
 
     c.data = d = ml_collections.ConfigDict()
     d.name = "pystdlib"  # pystdlib (embedded) | text | enwik8 | text8 | wikitext103 | tfds:<name>

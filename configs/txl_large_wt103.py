@@ -4,7 +4,7 @@
 18 layers, d_model 1024, 16 heads of 64, d_inner 4096, dropout 0.2, dropatt 0.2; adaptive input and
 softmax over the 267,735 words with cutoffs 20k/40k/200k, div_val 4 (d_embed 1024, then 256, 64,
 16), tables tied, projections tied but the first (``tie_projs``; the TF script's
-``proj_share_all_but_first``); one u/v pair per layer (``untie_r``, as the TF script and the
+``proj_share_all_but_first``); one u/v pair per layer (``txl.untie_r``, as the TF script and the
 released weights have it; the PyTorch code shares one pair); tgt_len 384, mem_len 384, batch 128,
 4M steps of Adam 2.5e-4 after 16k warm-up steps, cosine to 0, clip 0.25. Test evaluation:
 segment 128, memory 1600, clamp_len 1000, same_length -> 18.3 perplexity in the paper (Table 1).
@@ -28,7 +28,7 @@ def get_config():
         dropout=0.2,
         dropatt=0.2,
         mem_len=384,
-        untie_r=True,
+        txl=dict(untie_r=True),
         cutoffs=(20_000, 40_000, 200_000),
         div_val=4,
         d_embed=1024,

@@ -27,18 +27,18 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from relpos_jax import layers
+from relpos_jax import layers, schemes
 from relpos_jax.config import ConfigError
 from relpos_jax.sharding import path_string
 
 # Config fields a checkpoint must agree on: they decide the shapes of the parameters, optimizer and
-# memory, or what the saved data position means. The others (dropout, dtype, clamp_len, lr, steps…)
-# may change when a run resumes.
+# memory, or what the saved data position means; and the scheme's own settings that it names
+# (``Scheme.must_match``: ``model.shaw.max_distance`` …). The others (dropout, dtype, clamp_len, lr,
+# steps…) may change when a run resumes.
 MUST_MATCH = {
     "model": (
         "position", "vocab_size", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "mem_len",
-        "untie_r", "pre_norm", "tie_embeddings", "output_bias", "max_len", "shaw_max_distance",
-        "t5_num_buckets", "kerple_per_layer", "deberta_bucket_size",
+        "pre_norm", "tie_embeddings", "output_bias",
     ),
     "data": ("name", "path", "tokens", "vocab", "partition", "segment_len", "batch_size"),
 }  # fmt: skip
@@ -71,11 +71,21 @@ def _stored_shape(leaf: Any) -> tuple[int, ...]:
 
 
 def sections(config: Any) -> dict[str, dict[str, Any]]:
-    """The ``MUST_MATCH`` fields of a validated Config, as saved in each checkpoint's meta."""
-    return {
+    """The ``MUST_MATCH`` fields of a validated Config, as saved in each checkpoint's meta, with its
+    scheme's ``must_match`` settings under dotted names (``"shaw.max_distance"``)."""
+    saved = {
         name: {field: getattr(getattr(config, name), field) for field in fields}
         for name, fields in MUST_MATCH.items()
     }
+    scheme = schemes.get(config.model.position)
+    own = scheme.settings(config.model) if scheme.must_match else {}
+    saved["model"].update({f"{scheme.name}.{field}": own[field] for field in scheme.must_match})
+    return saved
+
+
+def _former_names(field: str) -> list[str]:
+    """A model field and the flat names it had before its scheme owned it (``shaw_max_distance``)."""
+    return [field, *(old for old, new in schemes.renamed_fields().items() if new == field)]
 
 
 def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
@@ -84,18 +94,22 @@ def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
     data = saved.get("data", {})
     if (section, field) == ("data", "partition"):
         return data.get(field, "hash") if data.get("name") == "pystdlib" else value
+    if section == "model":  # a scheme's setting: saved under its former flat name by older runs
+        model = saved.get("model", {})
+        return next((model[name] for name in _former_names(field) if name in model), value)
     return saved.get(section, {}).get(field, value)
 
 
 def _predating(saved: Mapping, config: Any) -> str:
-    """What a shape mismatch adds when the checkpoint's saved config lacks fields of the config's
-    scheme (``<position>_…``) that decide shapes: it was written before they existed (KERPLE's
-    parameters per layer, before ``model.kerple_per_layer``, whose default now shares them)."""
+    """What a shape mismatch adds when the checkpoint's saved config lacks settings of the config's
+    scheme that decide shapes (``must_match``): it was written before they existed (KERPLE's
+    parameters per layer, before ``model.kerple.per_layer``, whose default now shares them)."""
     model = saved.get("model")
     if not isinstance(model, Mapping):
         return ""
-    prefix = f"{config.model.position}_"
-    missing = [f"model.{f}" for f in MUST_MATCH["model"] if f.startswith(prefix) and f not in model]
+    scheme = schemes.get(config.model.position)
+    fields = [f"{scheme.name}.{field}" for field in scheme.must_match]
+    missing = [f"model.{f}" for f in fields if not any(n in model for n in _former_names(f))]
     if not missing:
         return ""
     return f"; it was written before {', '.join(missing)} existed: set the value its shapes need"

@@ -23,7 +23,7 @@ from flax.core import FrozenDict
 from ml_collections import config_flags
 
 from relpos_jax import adaptive, schemes
-from relpos_jax.errors import ConfigError, fail  # ConfigError: also imported from here
+from relpos_jax.errors import ConfigError, at_least, fail  # ConfigError: also imported from here
 
 POSITIONS = schemes.names()  # every registered scheme
 RELATIVE_POSITIONS = tuple(name for name in POSITIONS if schemes.get(name).relative)
@@ -55,6 +55,10 @@ def load_config(
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
         named = (o for o in overrides if o.split("=", 1)[0].rsplit(".", 1)[-1] in str(error))
         bad = next(named, list(overrides))
+        for override in overrides:  # a scheme's former flat field names its new one
+            field, _, value = override.partition("=")
+            if (new := schemes.renamed_fields().get(field.removeprefix("model."))) is not None:
+                fail(field, value, f"renamed: use --config.model.{new}={value}")
         fail("override", bad, f"name a field of configs/base.py with a value of its type ({error})")
     return flag_values["config"].value
 
@@ -69,15 +73,26 @@ def defaults() -> ml_collections.ConfigDict:
 def _typed_section(name: str, values: Any) -> dict[str, Any]:
     """``values`` written into base.py's section ``name``, which refuses a value of another type; the
     gaps a ConfigDict leaves (None where the default is not, a bool for an int, NaN or ±inf) are
-    closed here. Unknown fields are refused. Returns the whole section as a dict."""
+    closed here. Unknown fields are refused; a scheme's settings (``model.<scheme>``) are written
+    field by field alike. Returns the whole section as a dict."""
+    section = defaults()[name]
+    _write_typed(name, section, values)
+    return section.to_dict()
+
+
+def _write_typed(name: str, section: ml_collections.ConfigDict, values: Any) -> None:
     if isinstance(values, ml_collections.ConfigDict):
         values = values.to_dict()
     if not isinstance(values, Mapping):
         fail(name, type(values).__name__, f"pass config.{name} (a ConfigDict) or a dict")
-    section = defaults()[name]
     for field, value in values.items():
         if field not in section:
+            if name == "model" and (new := schemes.renamed_fields().get(field)) is not None:
+                fail(f"model.{field}", value, f"renamed: use model.{new}")
             fail(f"{name}.{field}", value, f"not a {name} field; known: {sorted(section)}")
+        if isinstance(section[field], ml_collections.ConfigDict):  # a scheme's settings
+            _write_typed(f"{name}.{field}", section[field], value)
+            continue
         kind = section.get_type(field)
         expected = f"use a value of type {kind.__name__}" + (
             " or None" if section[field] is None else ""
@@ -96,7 +111,6 @@ def _typed_section(name: str, values: Any) -> dict[str, Any]:
             fail(f"{name}.{field}", value, expected)
         if isinstance(section[field], float) and not math.isfinite(section[field]):
             fail(f"{name}.{field}", value, "use a finite number")
-    return section.to_dict()
 
 
 class _Section:
@@ -117,27 +131,28 @@ def section(name: str):
     """Class decorator: a frozen dataclass of base.py's section ``name``, with base.py's defaults.
 
     The class annotates the fields (for readers and type checkers); base.py gives their defaults,
-    and a field that one names and the other does not stops the import."""
+    and a field that one names and the other does not stops the import. A scheme's settings
+    (``model.<scheme>``, declared by its module) become fields too, each a ``FrozenConfigDict``:
+    read as ``config.shaw.max_distance``, hashable, immutable."""
 
     def build(cls: type) -> type:
-        default = defaults()[name].to_dict()
+        default = defaults()[name]
+        own = [f for f in default if isinstance(default[f], ml_collections.ConfigDict)]
         annotated = list(cls.__annotations__)
-        if set(annotated) != set(default):
+        if set(annotated) != set(default) - set(own):
             raise TypeError(
                 f"{cls.__name__} and configs/base.py's {name} section differ: "
-                f"{sorted(set(annotated) ^ set(default))}"
+                f"{sorted(set(annotated) ^ (set(default) - set(own)))}"
             )
+        for field in own:
+            cls.__annotations__[field] = "ml_collections.FrozenConfigDict"
+            setattr(cls, field, ml_collections.FrozenConfigDict(default[field]))
         for field in annotated:
             setattr(cls, field, default[field])
         cls.SECTION = name
         return dataclasses.dataclass(frozen=True)(cls)
 
     return build
-
-
-def _at_least(field: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        fail(field, value, f"use an integer ≥ {low}")
 
 
 def _rate(field: str, value: float) -> None:
@@ -161,7 +176,6 @@ class ModelConfig(_Section):
     mem_len: int
     same_length: bool
     clamp_len: int | None
-    untie_r: bool
     pre_norm: bool
     remat: bool
     tie_embeddings: bool
@@ -171,18 +185,10 @@ class ModelConfig(_Section):
     d_embed: int | None
     tie_projs: tuple[bool, ...]
     init_std: float
-    max_len: int
     rope_base: float
     rope_scaling: Mapping[str, Any] | None
     rope_fraction: float
     rope_interleaved: bool
-    shaw_max_distance: int
-    t5_num_buckets: int
-    t5_max_distance: int
-    fire_threshold: int | None
-    kerple_per_layer: bool
-    deberta_bucket_size: int
-    deberta_max_position: int
     dtype: str
     attention_impl: str
     key_tile: int
@@ -194,8 +200,8 @@ class ModelConfig(_Section):
             fail("model.dtype", self.dtype, "use float32 or bfloat16")
         if self.attention_impl not in ATTENTION_IMPLS:
             fail("model.attention_impl", self.attention_impl, f"use {' or '.join(ATTENTION_IMPLS)}")
-        _at_least("model.key_tile", self.key_tile, 1)
-        _at_least("model.query_tile", self.query_tile, 1)
+        at_least("model.key_tile", self.key_tile, 1)
+        at_least("model.query_tile", self.query_tile, 1)
         if self.kernel_block and (
             self.kernel_block < 16 or self.kernel_block & (self.kernel_block - 1)
         ):
@@ -205,21 +211,21 @@ class ModelConfig(_Section):
                 "use 0 (the backend's) or a power of two ≥ 16",
             )
         schemes.get(self.position)  # an unknown name lists the registered schemes
+        for name in schemes.names():  # a scheme's settings given as a dict (its defaults fill the
+            own = getattr(self, name, None)  # rest): frozen, read by attribute
+            if own is not None and not isinstance(own, ml_collections.FrozenConfigDict):
+                default = self.__dataclass_fields__[name].default
+                frozen = ml_collections.FrozenConfigDict({**default, **own})
+                object.__setattr__(self, name, frozen)
         for name in (
             "vocab_size",
             "n_layers",
             "d_model",
             "n_heads",
             "d_ff",
-            "max_len",
-            "shaw_max_distance",
-            "t5_num_buckets",
-            "t5_max_distance",
-            "deberta_bucket_size",
-            "deberta_max_position",
         ):
-            _at_least(f"model.{name}", getattr(self, name), 1)
-        _at_least("model.mem_len", self.mem_len, 0)
+            at_least(f"model.{name}", getattr(self, name), 1)
+        at_least("model.mem_len", self.mem_len, 0)
         _rate("model.dropout", self.dropout)
         _rate("model.dropatt", self.dropatt)
         if self.d_model % self.n_heads:
@@ -229,18 +235,16 @@ class ModelConfig(_Section):
                 f"it must divide model.d_model={self.d_model} (e.g. {self._divisor_hint()})",
             )
         if self.d_head is not None:
-            _at_least("model.d_head", self.d_head, 1)
+            at_least("model.d_head", self.d_head, 1)
         for name in ("init_std", "rope_base"):
             if not getattr(self, name) > 0:
                 fail(f"model.{name}", getattr(self, name), "use a positive value")
         if not 0 < self.rope_fraction <= 1:
             fail("model.rope_fraction", self.rope_fraction, "use a fraction in (0, 1]")
         if self.clamp_len is not None:
-            _at_least("model.clamp_len", self.clamp_len, 1)
+            at_least("model.clamp_len", self.clamp_len, 1)
         if self.d_embed is not None:
-            _at_least("model.d_embed", self.d_embed, 1)
-        if self.fire_threshold is not None:
-            _at_least("model.fire_threshold", self.fire_threshold, 1)
+            at_least("model.d_embed", self.d_embed, 1)
         if not self.cutoffs and (self.div_val != 1 or self.d_embed is not None or self.tie_projs):
             fail("model.cutoffs", (), "div_val, d_embed and tie_projs need cutoffs (clusters)")
         if self.output_bias and (self.cutoffs or not self.tie_embeddings):
@@ -294,8 +298,8 @@ class DataConfig(_Section):
             corpora.check_partition(self.partition)
         except corpora.DataError as error:  # the config's own kind of error, the same line
             raise ConfigError(str(error)) from None
-        _at_least("data.segment_len", self.segment_len, 1)
-        _at_least("data.batch_size", self.batch_size, 1)
+        at_least("data.segment_len", self.segment_len, 1)
+        at_least("data.batch_size", self.batch_size, 1)
 
 
 @section("train")
@@ -328,9 +332,9 @@ class TrainConfig(_Section):
             "keep_checkpoints",
             "max_consecutive_skips",
         ):
-            _at_least(f"train.{name}", getattr(self, name), 1)
+            at_least(f"train.{name}", getattr(self, name), 1)
         for name in ("warmup_steps", "eval_every", "eval_tokens", "ckpt_every", "seed"):
-            _at_least(f"train.{name}", getattr(self, name), 0)
+            at_least(f"train.{name}", getattr(self, name), 0)
         if not self.lr > 0:
             fail("train.lr", self.lr, "use a positive learning rate such as 2.5e-4")
         if self.optimizer not in ("adam", "adamw"):
@@ -353,12 +357,12 @@ class EvalConfig(_Section):
     lengths: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        _at_least("eval.batch_size", self.batch_size, 1)
+        at_least("eval.batch_size", self.batch_size, 1)
         for name, low in (("segment_len", 1), ("mem_len", 0), ("clamp_len", 1)):
             if getattr(self, name) is not None:
-                _at_least(f"eval.{name}", getattr(self, name), low)
+                at_least(f"eval.{name}", getattr(self, name), low)
         for length in self.lengths:
-            _at_least("eval.lengths", length, 1)
+            at_least("eval.lengths", length, 1)
         object.__setattr__(self, "lengths", tuple(self.lengths))
 
 
@@ -414,8 +418,11 @@ class Config:
         # a scheme's fields whose default (None) is the training window: set here, where the data
         # section is known (FIRE's threshold)
         window = training_window(self.model, self.data.segment_len)
-        if fields := schemes.get(self.model.position).window_fields(self.model, window):
-            object.__setattr__(self, "model", dataclasses.replace(self.model, **fields))
+        scheme = schemes.get(self.model.position)
+        if fields := scheme.window_fields(self.model, window):
+            own = ml_collections.FrozenConfigDict({**scheme.settings(self.model), **fields})
+            model = dataclasses.replace(self.model, **{scheme.name: own})
+            object.__setattr__(self, "model", model)
 
     @classmethod
     def from_any(cls, config: Any) -> Config:

@@ -15,6 +15,12 @@ def fail(field: str, value: Any, fix: str) -> None:
     raise ConfigError(f"{field}={shown} is invalid; {fix}")
 
 
+def at_least(field: str, value: Any, low: int) -> None:
+    """Refuse ``value`` unless it is an integer ≥ ``low``, naming ``field``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        fail(field, value, f"use an integer ≥ {low}")
+
+
 class AcceleratorError(RuntimeError):
     """A GPU or TPU refused the program (its memory, shared memory or VMEM; a kernel that did not
     compile): one line naming the field to change. ``detail`` keeps the device's own message."""

@@ -60,7 +60,9 @@ def test_txl_attention_matches_the_four_term_formula(
     w_r = rng.normal(size=(D, N, H))
     u, v = rng.normal(size=(N, H)), rng.normal(size=(N, H))
     params = {"w_q": w_q, "w_kv": w_kv, "w_o": w_o, "w_r": w_r, "u": u, "v": v}
-    attention = _layer("txl", params, untie_r=True, clamp_len=clamp_len, same_length=same_length)
+    attention = _layer(
+        "txl", params, txl={"untie_r": True}, clamp_len=clamp_len, same_length=same_length
+    )
     x = rng.normal(size=(2, q_len, D))
     mem = rng.normal(size=(2, mem_len, D))
 
@@ -102,7 +104,7 @@ def test_shaw_attention_matches_key_and_value_formula(x64, rng, q_len, mem_len, 
     )
     a_k, a_v = rng.normal(size=(2 * k + 1, H)), rng.normal(size=(2 * k + 1, H))
     params = {"w_q": w_q, "w_kv": w_kv, "w_o": w_o, "table_k": a_k, "table_v": a_v}
-    attention = _layer("shaw", params, shaw_max_distance=k)
+    attention = _layer("shaw", params, shaw={"max_distance": k})
     x = rng.normal(size=(2, q_len, D))
     mem = rng.normal(size=(2, mem_len, D))
 

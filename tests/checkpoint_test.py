@@ -224,6 +224,15 @@ def test_pystdlib_checkpoints_from_before_partitions_resume_only_with_the_hash_p
     assert saved_value(older, "model", "d_model", 64) == 64  # a field it did not record
 
 
+def test_checkpoints_from_before_scheme_settings_are_read_under_their_flat_names():
+    saved_value = checkpoint._saved_value
+    older = {"model": {"shaw_max_distance": 3, "untie_r": True}}  # before model.<scheme>.<field>
+    assert saved_value(older, "model", "shaw.max_distance", 64) == 3
+    assert saved_value(older, "model", "txl.untie_r", False) is True
+    assert saved_value({"model": {"shaw.max_distance": 5}}, "model", "shaw.max_distance", 64) == 5
+    assert saved_value({"model": {}}, "model", "t5.num_buckets", 32) == 32  # not recorded
+
+
 # ----------------------------------------------------------------------------- fine-tuning
 
 

@@ -48,7 +48,10 @@ BAD = [
     (dict(position="rope", rope_scaling={"rope_type": "yarn"}), "model.rope_scaling"),
     (dict(dropout=1.5), "model.dropout=1.5"),
     (dict(n_layer=6), "model.n_layer=6"),
-    (dict(position="t5", t5_num_buckets=32, t5_max_distance=8), "model.t5_max_distance=8"),
+    (dict(position="t5", t5={"num_buckets": 32, "max_distance": 8}), "model.t5.max_distance=8"),
+    (dict(position="shaw", shaw={"max_distance": 0}), "model.shaw.max_distance=0"),
+    (dict(shaw_max_distance=8), "model.shaw_max_distance=8 is invalid; renamed: use model.shaw"),
+    (dict(txl={"untie": True}), "model.txl.untie=True"),
 ]
 
 

@@ -35,8 +35,8 @@ def scheme_config(variant: str) -> Config:
     config = load_config(ROOT / "configs" / "txl_small.py")
     config.model.update(
         position=position, n_layers=1, d_model=16, n_heads=2, d_ff=32, mem_len=8, dropout=0.0,
-        attention_impl="tiled", key_tile=4, query_tile=4, shaw_max_distance=6, t5_max_distance=12,
-        t5_num_buckets=8, same_length="same_length" in options,
+        attention_impl="tiled", key_tile=4, query_tile=4, shaw={"max_distance": 6},
+        t5={"max_distance": 12, "num_buckets": 8}, same_length="same_length" in options,
         clamp_len=5 if "clamp" in options else None,
     )  # fmt: skip
     return Config.from_any(config)

@@ -29,12 +29,12 @@ EXTRA = "needs the convert extra (make test-convert)"
 # config), with per-layer biases, and with an adaptive softmax and shared ones
 TF_MODELS = {
     "plain": ["model.position=txl", "model.n_layers=2", "model.d_model=16", "model.n_heads=2",
-              "model.d_head=8", "model.d_ff=32", "model.vocab_size=40", "model.untie_r=True",
+              "model.d_head=8", "model.d_ff=32", "model.vocab_size=40", "model.txl.untie_r=True",
               "model.output_bias=True"],
     "adaptive": ["model.position=txl", "model.n_layers=1", "model.d_model=16", "model.n_heads=2",
                  "model.d_head=8", "model.d_ff=32", "model.vocab_size=60", "model.cutoffs=(20, 40)",
                  "model.div_val=2", "model.d_embed=16", "model.tie_projs=(False, True, True)",
-                 "model.untie_r=False"],
+                 "model.txl.untie_r=False"],
 }  # fmt: skip
 # a config that does not describe the checkpoint: refused, whichever field
 MISMATCHES = ("model.n_layers=3", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
@@ -121,7 +121,7 @@ def test_every_broken_tensorflow_checkpoint_is_one_line_and_writes_nothing(tmp_p
         prefix = _tf_checkpoint(tf, weights, folder / "model.ckpt-0")
         overrides = list(TF_MODELS[name])
         if broken == "config":
-            flipped = "model.untie_r=False" if name == "plain" else "model.untie_r=True"
+            flipped = "model.txl.untie_r=False" if name == "plain" else "model.txl.untie_r=True"
             overrides.append(flipped if how == "untie_r flipped" else how)
         if broken.startswith("index"):
             _damage(folder / "model.ckpt-0.index", broken, how)

@@ -103,20 +103,20 @@ def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
         return Config.from_any(dict(model=model, data=dict(segment_len=40, **fields)))
 
     cfg = run()
-    assert cfg.model.fire_threshold == 24 + 40  # memory + segment
+    assert cfg.model.fire.threshold == 24 + 40  # memory + segment
     model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(fire.learned_threshold(model.blocks.attention), [64.0, 64.0])
     # the longest query position + 1 of a training window (memory full): the threshold
     states = jnp.zeros((2, 1, 24, 16))
     ctx = model._position_context(memory_lib.Memory(states, jnp.asarray(24)), 40, 0, None, True)
-    assert int(ctx.q_pos[-1]) + 1 == cfg.model.fire_threshold
-    assert run(model=dict(mem_len=0)).model.fire_threshold == 40  # no memory: the segment
-    assert run(model=dict(fire_threshold=100)).model.fire_threshold == 100  # set: kept
-    set_model = TransformerLM(run(model=dict(fire_threshold=100)).model, rngs=nnx.Rngs(0))
+    assert int(ctx.q_pos[-1]) + 1 == cfg.model.fire.threshold
+    assert run(model=dict(mem_len=0)).model.fire.threshold == 40  # no memory: the segment
+    assert run(model=dict(fire={"threshold": 100})).model.fire.threshold == 100  # set: kept
+    set_model = TransformerLM(run(model=dict(fire={"threshold": 100})).model, rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(fire.learned_threshold(set_model.blocks.attention), [100.0] * 2)
     # a model section alone (a notebook): mem_len + base.py's data.segment_len (128)
     alone = TransformerLM(dict(position="fire", d_model=16, n_heads=4, mem_len=8), rngs=nnx.Rngs(0))
     assert float(fire.learned_threshold(alone.blocks.attention)[0]) == 8 + 128
-    assert run(model=dict(position="t5")).model.fire_threshold is None  # only FIRE's own field
-    with pytest.raises(ConfigError, match=r"^model\.fire_threshold=0 is invalid"):
-        run(model=dict(fire_threshold=0))
+    assert run(model=dict(position="t5")).model.fire.threshold is None  # only FIRE's own field
+    with pytest.raises(ConfigError, match=r"^model\.fire\.threshold=0 is invalid"):
+        run(model=dict(fire={"threshold": 0}))

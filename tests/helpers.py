@@ -27,12 +27,10 @@ def tiny_model(position: str, seed: int = 0, **overrides) -> TransformerLM:
         mem_len=5,
         dropout=0.0,
         init_std=0.3,
-        shaw_max_distance=3,
-        t5_num_buckets=8,
-        t5_max_distance=12,
-        deberta_bucket_size=4,
-        deberta_max_position=16,
-        max_len=64,
+        shaw={"max_distance": 3},
+        t5={"num_buckets": 8, "max_distance": 12},
+        deberta={"bucket_size": 4, "max_position": 16},
+        learned={"max_len": 64},
     )
     config.update(overrides)
     return TransformerLM(config, rngs=nnx.Rngs(seed))

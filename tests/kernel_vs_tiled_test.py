@@ -28,8 +28,8 @@ FUSED = [p for p in POSITIONS if schemes.get(p).fused]
 def _pair(position, **overrides):
     config = dict(
         position=position, n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=MEM, dropout=0.0,
-        init_std=0.1, t5_max_distance=12, t5_num_buckets=8, shaw_max_distance=3, kernel_block=16,
-        deberta_bucket_size=4, deberta_max_position=16, **overrides,
+        init_std=0.1, t5={"max_distance": 12, "num_buckets": 8}, shaw={"max_distance": 3},
+        kernel_block=16, deberta={"bucket_size": 4, "max_position": 16}, **overrides,
     )  # fmt: skip
     tiled = TransformerLM(dict(config, attention_impl="tiled", key_tile=5, query_tile=3),
                           rngs=nnx.Rngs(0))  # fmt: skip

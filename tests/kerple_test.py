@@ -20,7 +20,7 @@ from relpos_jax.config import Config, ConfigError, ModelConfig
 
 SMALL = dict(position="kerple", d_model=16, n_heads=4, d_ff=32)
 CFG = ModelConfig.from_any(SMALL)
-PER_LAYER = ModelConfig.from_any(dict(SMALL, kerple_per_layer=True))
+PER_LAYER = ModelConfig.from_any(dict(SMALL, kerple={"per_layer": True}))
 FLOOR = np.float32(1e-2)
 
 
@@ -157,13 +157,13 @@ def test_a_training_step_leaves_every_kerple_parameter_at_or_above_the_floor():
 
 def _saved(tmp_path, per_layer: bool, recorded: bool):
     """A checkpoint of a KERPLE model (per layer or shared); ``recorded``: its config meta names
-    model.kerple_per_layer (False: written before the field existed)."""
-    config = Config.from_any(dict(model=dict(SMALL, n_layers=2, kerple_per_layer=per_layer)))
+    model.kerple.per_layer (False: written before the field existed)."""
+    config = Config.from_any(dict(model=dict(SMALL, n_layers=2, kerple={"per_layer": per_layer})))
     model = TransformerLM(config.model, rngs=nnx.Rngs(0))
     state = nnx.state(model, nnx.Param)
     meta = sections(config)
     if not recorded:
-        meta["model"].pop("kerple_per_layer")
+        meta["model"].pop("kerple.per_layer")
     checkpointer = Checkpointer(tmp_path / "checkpoints")
     mems = model.init_mems(1)
     checkpointer.save(1, state=state, mems=mems, data={}, meta={"step": 1, "config": meta})
@@ -172,18 +172,18 @@ def _saved(tmp_path, per_layer: bool, recorded: bool):
 
 
 def _target(per_layer: bool):
-    config = Config.from_any(dict(model=dict(SMALL, n_layers=2, kerple_per_layer=per_layer)))
+    config = Config.from_any(dict(model=dict(SMALL, n_layers=2, kerple={"per_layer": per_layer})))
     return config, nnx.state(TransformerLM(config.model, rngs=nnx.Rngs(1)), nnx.Param)
 
 
 def test_checkpoints_with_kerple_per_layer_load_with_it_or_fail_naming_it(tmp_path):
-    # written before model.kerple_per_layer, when the parameters were per layer
+    # written before model.kerple.per_layer, when the parameters were per layer
     checkpointer, saved, mems = _saved(tmp_path / "old", per_layer=True, recorded=False)
     config, state = _target(per_layer=False)  # today's default: shared
     with pytest.raises(ConfigError) as error:
         checkpointer.check_compatible(1, state, config)
     message = str(error.value)
-    assert "model.kerple_per_layer" in message and "\n" not in message, message
+    assert "model.kerple.per_layer" in message and "\n" not in message, message
     config, state = _target(per_layer=True)  # with the field set: loads
     checkpointer.check_compatible(1, state, config)
     restored = checkpointer.restore(1, state=state, mems=mems)["state"]
@@ -193,6 +193,6 @@ def test_checkpoints_with_kerple_per_layer_load_with_it_or_fail_naming_it(tmp_pa
     # written with the field: the one-line mismatch of any config field
     checkpointer, _, _ = _saved(tmp_path / "new", per_layer=False, recorded=True)
     config, state = _target(per_layer=True)
-    with pytest.raises(ConfigError, match=r"^model\.kerple_per_layer=True is invalid; .*False"):
+    with pytest.raises(ConfigError, match=r"^model\.kerple\.per_layer=True is invalid; .*False"):
         checkpointer.check_compatible(1, state, config)
     checkpointer.close()

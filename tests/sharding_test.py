@@ -90,7 +90,7 @@ def test_every_large_parameter_has_logical_axes(position):
             d_model=32,
             n_heads=4,
             d_ff=64,
-            untie_r=position == "txl",
+            txl={"untie_r": position == "txl"},
             tie_embeddings=position != "none",
         ),
         rngs=nnx.Rngs(0),

@@ -24,8 +24,8 @@ def _pair(position, **overrides):
     """A one-layer dense model and the same parameters under the tiled path."""
     config = dict(
         position=position, n_layers=1, d_model=32, n_heads=2, d_ff=64, mem_len=MEM,
-        dropout=0.0, init_std=0.1, t5_max_distance=12, t5_num_buckets=8, shaw_max_distance=3,
-        deberta_bucket_size=4, deberta_max_position=16, **overrides,
+        dropout=0.0, init_std=0.1, t5={"max_distance": 12, "num_buckets": 8},
+        shaw={"max_distance": 3}, deberta={"bucket_size": 4, "max_position": 16}, **overrides,
     )  # fmt: skip
     dense = TransformerLM(config, rngs=nnx.Rngs(0))
     tiled = with_config(

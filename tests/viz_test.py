@@ -80,7 +80,7 @@ def test_rope_from_model_uses_its_scaling_factor(rng):
     np.testing.assert_allclose(bias[:, 0], factor**2 * (q * q).sum(-1) / math.sqrt(8), rtol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"untie_r": True, "clamp_len": 3}])
+@pytest.mark.parametrize("overrides", [{}, {"txl": {"untie_r": True}, "clamp_len": 3}])
 def test_txl_bias_from_model_is_v_w_r_r_d(overrides):
     model = tiny_model("txl", **overrides)
     k_len, layer = 9, 1

@@ -110,8 +110,8 @@ def position_bias(
 ) -> np.ndarray:
     """``position_bias_from_model`` of a one-layer model of scheme ``position`` whose parameters are
     seeded standard-normal draws (``init_std`` 1, unless given): the shape of each scheme's term
-    before training. ``model_fields`` are other ``config.model`` fields (``t5_max_distance``,
-    ``shaw_max_distance``, ``clamp_len``, ``rope_scaling``, ``rope_base``, ``untie_r`` …)."""
+    before training. ``model_fields`` are other ``config.model`` fields (``clamp_len``,
+    ``rope_scaling``, ``rope_base``, a scheme's settings such as ``t5={"max_distance": 64}`` …)."""
     if position not in POSITIONS:
         raise ValueError(f"position_bias: position={position!r} is invalid; use one of {POSITIONS}")
     fields = dict(init_std=1.0, **model_fields)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -140,6 +141,8 @@ def assemble(model_config: ModelConfig, params: Mapping[str, np.ndarray]) -> Tra
 
 
 def _literal(value: Any) -> str:
+    if isinstance(value, ml_collections.FrozenConfigDict):  # a scheme's settings
+        value = value.as_configdict().to_dict()
     if isinstance(value, Mapping):  # rope_scaling (a FrozenDict once validated)
         value = dict(value)
     return repr(value)

@@ -9,7 +9,7 @@ A model folder holds ``config.json`` and the weights, ``model.safetensors`` (rea
     …dec_attn.r_net.weight [N·H, D]   -> w_r [D, N, H]       …dec_attn.o_net.weight [D, N·H] -> w_o [N, H, D]
     …dec_attn.layer_norm              -> norm_attention      …pos_ff.layer_norm -> norm_feed_forward
     …pos_ff.CoreNet.0 / .3            -> feed_forward.up / .down (kernel = weightᵀ, bias)
-    r_w_bias, r_r_bias [N, H]         -> u, v (per layer with untie_r, else transformer.r_*_bias)
+    r_w_bias, r_r_bias [N, H]         -> u, v (per layer with txl.untie_r, else transformer.r_*_bias)
     word_emb.emb_layers.i / emb_projs.i          -> vocab.embed_i / proj_i (same layout)
     crit.out_layers.i.bias (div_val 1: rows of out_layers.0) -> vocab.bias_i
     crit.out_layers.i.weight (untied), crit.out_projs.i (where not tie_projs[i]) -> out_i, out_proj_i
@@ -115,7 +115,7 @@ def model_fields(hf: dict[str, Any]) -> dict[str, Any]:
         mem_len=_json(hf, "mem_len", int, 0),
         same_length=_json(hf, "same_length", bool, False),
         clamp_len=clamp if clamp > 0 else None,
-        untie_r=_json(hf, "untie_r", bool, True),
+        txl={"untie_r": _json(hf, "untie_r", bool, True)},
         pre_norm=False,
         tie_embeddings=_json(hf, "tie_word_embeddings", bool, tie_weight),
         cutoffs=cutoffs,
@@ -230,10 +230,10 @@ def _layers(model: dict, src: Tensors, out: dict) -> None:
             out[ours + f"feed_forward/{dense}/bias"] = src.get(
                 pre + f"pos_ff.CoreNet.{theirs}.bias", shape[:1], widths
             )
-        if model["untie_r"]:
+        if model["txl"]["untie_r"]:
             out[ours + "attention/u"] = src.get(pre + "dec_attn.r_w_bias", (n, h), heads)
             out[ours + "attention/v"] = src.get(pre + "dec_attn.r_r_bias", (n, h), heads)
-    if not model["untie_r"]:
+    if not model["txl"]["untie_r"]:
         out["u"] = src.get("transformer.r_w_bias", (n, h), heads + ", untie_r")
         out["v"] = src.get("transformer.r_r_bias", (n, h), heads + ", untie_r")
 
@@ -310,7 +310,7 @@ def _copies(model: dict) -> list[tuple[str, str, str]]:
             "crit.out_layers.0.weight", "transformer.word_emb.emb_layers.0.weight",
             "tie_word_embeddings is true",
         ))  # fmt: skip
-    if not model["untie_r"]:
+    if not model["txl"]["untie_r"]:
         for layer in range(model["n_layers"]):
             for name in ("r_w_bias", "r_r_bias"):
                 copies.append((

@@ -11,7 +11,7 @@ dim, D model, F feed-forward, E d_embed, d_i cluster widths, C tail clusters):
     transformer/layer_l/rel_attn/LayerNorm/{gamma,beta} -> norm_attention/{scale,bias}
     transformer/layer_l/ff/layer_{1,2}/{kernel,bias} -> feed_forward/{up,down}/{kernel,bias}
     transformer/layer_l/ff/LayerNorm/{gamma,beta} -> norm_feed_forward/{scale,bias}
-    transformer/r_w_bias, r_r_bias [N, H] (untie_r: [L, N, H]) -> u, v (per layer with untie_r)
+    transformer/r_w_bias, r_r_bias [N, H] (txl.untie_r: [L, N, H]) -> u, v (per layer with it)
     transformer/adaptive_embed/cutoff_i/lookup_table [V_i, d_i] -> vocab/embed_i
     transformer/adaptive_embed/cutoff_i/proj_W [d_i, D] -> vocab/proj_i [D, d_i] (transposed)
       (div_val 1: adaptive_embed/lookup_table [V, E] and proj_W [E, D], without cutoff_i)
@@ -129,13 +129,13 @@ def convert_params(cfg: Config, src: Tensors) -> dict[str, np.ndarray]:
             )
     for theirs, ours in (("r_w_bias", "u"), ("r_r_bias", "v")):
         name = f"transformer/{theirs}"
-        if m.untie_r:
-            why = heads + f", model.n_layers={m.n_layers}, model.untie_r=True"
+        if m.txl.untie_r:
+            why = heads + f", model.n_layers={m.n_layers}, model.txl.untie_r=True"
             stacked = src.get(name, (m.n_layers, n, h), why)
             for layer in range(m.n_layers):
                 out[f"blocks/{layer}/attention/{ours}"] = stacked[layer]
         else:
-            out[ours] = src.get(name, (n, h), heads + ", model.untie_r=False")
+            out[ours] = src.get(name, (n, h), heads + ", model.txl.untie_r=False")
     _vocab(cfg, src, out)
     unused = src.unused(_ignored)
     if unused:

@@ -18,6 +18,7 @@ from relpos_jax.schemes.base import (
     normal_param,
     overrides,
     register,
+    renamed_fields,
 )
 
 # The order of ``names()`` (tables, sweeps): the classic schemes as the comparisons list them, then
@@ -37,4 +38,5 @@ __all__ = [
     "normal_param",
     "overrides",
     "register",
+    "renamed_fields",
 ]

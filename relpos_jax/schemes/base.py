@@ -25,10 +25,17 @@ hook                  what it gives, and who uses it
                       runs it)
 ====================  =========================================================================
 
+A scheme declares its own settings, ``model.<name>.<field>`` (``config``: a ConfigDict of defaults,
+which ``configs/base.py`` adds to the model section; ``validate`` checks them, in one line), which
+of them a checkpoint must match (``must_match``: they decide the parameters' shapes or meaning), and
+the flat model fields they replaced (``renamed``: an old command line or dict is refused in one line
+that names the new field; an old checkpoint's saved values are read under them). It reads them as
+``cfg.<name>.<field>`` (``settings``).
+
 A scheme may also declare ``floors``, the least value of some of its parameters (KERPLE's r1, r2 ≥
 1e-2): ``apply_floors`` projects them there after every optimizer update (``train_step``), and the
 forward reads them through ``floored``, whose gradient passes (a parameter at its floor still
-learns). ``window_fields`` gives the config fields whose default is the training window (FIRE's
+learns). ``window_fields`` gives the settings whose default is the training window (FIRE's
 threshold), set by ``Config`` where the data section is known.
 
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
@@ -47,6 +54,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from relpos_jax.errors import fail
@@ -104,13 +112,28 @@ class Scheme:
     # parameter name -> the least value it keeps: ``apply_floors`` projects it there after every
     # optimizer update (shared or per layer alike: parameters are matched by name)
     floors: ClassVar[dict[str, float]] = {}
+    # its settings (``config``) that a checkpoint must match: they decide shapes or meaning
+    must_match: ClassVar[tuple[str, ...]] = ()
+    # a former flat ``model`` field -> the setting of ``config`` that replaced it
+    renamed: ClassVar[dict[str, str]] = {}
+
+    def config(self) -> ml_collections.ConfigDict | None:
+        """This scheme's own settings with their defaults and types, ``model.<name>.<field>`` (a
+        ``config_dict.placeholder`` for a None default); None: it has none."""
+        return None
+
+    def settings(self, cfg: Any) -> Any:
+        """This scheme's settings in the model config ``cfg`` (``cfg.<name>``, read-only)."""
+        return getattr(cfg, self.name)
 
     def validate(self, cfg: Any) -> None:
-        """Refuse config values this scheme cannot use, in one line (``config.fail``)."""
+        """Refuse config values this scheme cannot use, its settings or the model's, in one line
+        (``errors.fail``); called for the scheme the config names."""
 
     def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
-        """Config fields to set from the training attention ``window`` (memory + segment: the
-        longest query position + 1 of a training step), where the config leaves them None."""
+        """Settings of this scheme (``config``) to set from the training attention ``window``
+        (memory + segment: the longest query position + 1 of a training step), where the config
+        leaves them None."""
         return {}
 
     def scale(self, cfg: Any) -> float:
@@ -197,6 +220,12 @@ def apply_floors(model: Any) -> None:
     for path, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Param) and path and path[-1] in floors:
             node.set_value(jnp.maximum(node[...], jnp.asarray(floors[path[-1]], node.dtype)))
+
+
+def renamed_fields() -> dict[str, str]:
+    """Every former flat model field -> the setting that replaced it (``"shaw.max_distance"``)."""
+    return {old: f"{name}.{new}" for name, scheme in _REGISTRY.items()
+            for old, new in scheme.renamed.items()}  # fmt: skip
 
 
 def overrides(scheme: Scheme, hook: str) -> bool:

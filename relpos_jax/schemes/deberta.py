@@ -6,13 +6,14 @@ weights; the scores are scaled by ``1/√(3H)``."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from relpos_jax import positions as P
-from relpos_jax.errors import fail
+from relpos_jax.errors import at_least, fail
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
 
@@ -22,15 +23,25 @@ class DeBERTa(Scheme):
     kv_layout = "bknh"  # keys gathered by row: the window's order
     fused = False  # position-to-content reads the keys by distance: the tiled path runs it
 
+    must_match = ("bucket_size",)
+    renamed: ClassVar[dict[str, str]] = {
+        "deberta_bucket_size": "bucket_size",
+        "deberta_max_position": "max_position",
+    }
+
+    def config(self) -> ml_collections.ConfigDict:
+        # DeBERTa-v2's log buckets: 2 · bucket_size relative embeddings, exact up to bucket_size / 2
+        return ml_collections.ConfigDict({"bucket_size": 256, "max_position": 512})
+
     def validate(self, cfg: Any) -> None:
-        if (
-            cfg.deberta_bucket_size % 2
-            or cfg.deberta_max_position <= cfg.deberta_bucket_size // 2 + 1
-        ):
+        own = cfg.deberta
+        at_least("model.deberta.bucket_size", own.bucket_size, 1)
+        at_least("model.deberta.max_position", own.max_position, 1)
+        if own.bucket_size % 2 or own.max_position <= own.bucket_size // 2 + 1:
             fail(
-                "model.deberta_bucket_size",
-                cfg.deberta_bucket_size,
-                "use an even size below 2·(deberta_max_position − 1)",
+                "model.deberta.bucket_size",
+                own.bucket_size,
+                "use an even size below 2·(model.deberta.max_position − 1)",
             )
 
     def scale(self, cfg: Any) -> float:
@@ -40,7 +51,7 @@ class DeBERTa(Scheme):
         d = cfg.d_model
         return {
             "rel_embed": normal_param(
-                rngs, (2 * cfg.deberta_bucket_size, d), cfg.init_std, ("rows", "embed")
+                rngs, (2 * cfg.deberta.bucket_size, d), cfg.init_std, ("rows", "embed")
             ),
             "rel_norm": nnx.LayerNorm(d, epsilon=1e-7, rngs=rngs),
         }
@@ -58,9 +69,7 @@ class DeBERTa(Scheme):
         }
 
     def score_term(self, attention, q_BINH, k_BJNH, tile: Tile, context):
-        cfg = attention.config
         pos_key, pos_query = context["pos_key"], context["pos_query"]
-        index = P.deberta_index(
-            tile.q_pos, tile.k_pos, cfg.deberta_bucket_size, cfg.deberta_max_position
-        )
+        own = attention.config.deberta
+        index = P.deberta_index(tile.q_pos, tile.k_pos, own.bucket_size, own.max_position)
         return P.deberta_c2p(q_BINH, pos_key, index) + P.deberta_p2c(k_BJNH, pos_query, index)

@@ -4,7 +4,8 @@ position,
 
     b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),        ψ(x) = log(c·x + 1),
 
-with ``f_θ`` an MLP from a scalar to one bias per head (one hidden layer of 32 ReLU units), and ``c``
+with ``f_θ`` an MLP from a scalar to one bias per head (one hidden layer of ``model.fire.hidden``
+ReLU units, 32 as the paper), and ``c``
 and the threshold ``L`` learned, per layer, added to the logits after scaling. ``i`` is the query's
 position, which here counts from the oldest key it can see (the model's positions); so FIRE is not
 translation invariant, and is tested against a float64 loop of this formula. Future keys (i < j),
@@ -14,10 +15,10 @@ gradients.
 The paper makes ``L`` a learnable threshold of the normaliser (§3.2, "thresholding the normalizer
 for better short sequence modeling": queries before ``L`` share the normaliser ``ψ(L)``, so that
 short contexts are not squeezed into a narrow range), and the PyTorch listing of its appendix
-starts ``c`` at 0.1 and learns ``L`` as ``|L_multiplier · init_L|``: a multiplier starting at 1
+starts ``c`` at 0.1 (``model.fire.init_c``) and learns ``L`` as ``|L_multiplier · init_L|``: a multiplier starting at 1
 times a constant ``init_L`` (512 there), so that under Adam ``L`` moves in proportion to its
 size (learning ``L`` itself, it would move by about the learning rate a step: frozen). Here
-``init_L`` is ``model.fire_threshold``, by default
+``init_L`` is ``model.fire.threshold``, by default
 (None) the training attention window: ``data.segment_len + model.mem_len``, the longest query
 position + 1 a training step has (``config.training_window``; a model section built without its
 config's data section takes base.py's segment length). So a training window's inputs span
@@ -34,23 +35,24 @@ expectation under this init, against 1/2 under the former ``w1 ~ N(0, 1)``, ``b1
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
+from ml_collections import config_dict
 
+from relpos_jax.errors import at_least, fail
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
-HIDDEN = 32  # the MLP's width
-INIT_C = 0.1  # ψ's scale at init (the paper's listing)
 FIRST_LAYER_BOUND = 1.0  # w1, b1 ~ U(−1, 1): torch.nn.Linear(1, ·)'s 1/√fan_in
 
 
 def threshold(cfg: Any) -> int:
-    """``L`` at init: ``model.fire_threshold``, or (None) the training attention window."""
-    if cfg.fire_threshold is not None:
-        return cfg.fire_threshold
+    """``L`` at init: ``model.fire.threshold``, or (None) the training attention window."""
+    if cfg.fire.threshold is not None:
+        return cfg.fire.threshold
     from relpos_jax.config import training_window  # here: the config module imports the schemes
 
     return training_window(cfg)
@@ -69,18 +71,36 @@ def _uniform(rngs: nnx.Rngs, shape: tuple[int, ...], bound: float) -> nnx.Param:
 class Fire(Scheme):
     name = "fire"
     relative = False  # the normaliser depends on the query's own position
+    must_match = ("hidden",)
+    renamed: ClassVar[dict[str, str]] = {"fire_threshold": "threshold"}
+
+    def config(self) -> ml_collections.ConfigDict:
+        own = ml_collections.ConfigDict()
+        own.hidden = 32  # the MLP's width
+        own.init_c = 0.1  # ψ's scale c at init (the paper's listing)
+        # the threshold L of ψ(max(L, i)) at init (learned after); None: the training window,
+        # data.segment_len + model.mem_len (the longest query position + 1 of a training step)
+        own.threshold = config_dict.placeholder(int)
+        return own
+
+    def validate(self, cfg: Any) -> None:
+        at_least("model.fire.hidden", cfg.fire.hidden, 1)
+        if not cfg.fire.init_c > 0:
+            fail("model.fire.init_c", cfg.fire.init_c, "use a positive scale such as 0.1")
+        if cfg.fire.threshold is not None:
+            at_least("model.fire.threshold", cfg.fire.threshold, 1)
 
     def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
-        return {"fire_threshold": window} if cfg.fire_threshold is None else {}
+        return {"threshold": window} if cfg.fire.threshold is None else {}
 
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
-        n, std = cfg.n_heads, cfg.init_std
+        n, std, hidden = cfg.n_heads, cfg.init_std, cfg.fire.hidden
         return {
-            "fire_w1": _uniform(rngs, (HIDDEN,), FIRST_LAYER_BOUND),
-            "fire_b1": _uniform(rngs, (HIDDEN,), FIRST_LAYER_BOUND),
-            "fire_w2": normal_param(rngs, (HIDDEN, n), std, (None, "heads")),
+            "fire_w1": _uniform(rngs, (hidden,), FIRST_LAYER_BOUND),
+            "fire_b1": _uniform(rngs, (hidden,), FIRST_LAYER_BOUND),
+            "fire_w2": normal_param(rngs, (hidden, n), std, (None, "heads")),
             "fire_b2": nnx.Param(jnp.zeros((n,), jnp.float32)),
-            "fire_c": nnx.Param(jnp.asarray(INIT_C, jnp.float32)),
+            "fire_c": nnx.Param(jnp.asarray(cfg.fire.init_c, jnp.float32)),
             "fire_L_multiplier": nnx.Param(jnp.asarray(1.0, jnp.float32)),
         }
 

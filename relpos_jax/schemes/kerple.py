@@ -18,10 +18,11 @@ decay). As the authors' code (github.com/chijames/KERPLE at 25be3d7, ``ParallelK
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from relpos_jax.schemes.base import Scheme, Tile, floored, register
@@ -34,6 +35,12 @@ NAMES = ("kerple_r1", "kerple_r2")
 class Kerple(Scheme):
     name = "kerple"
     floors = dict.fromkeys(NAMES, EPSILON)
+    must_match = ("per_layer",)
+    renamed: ClassVar[dict[str, str]] = {"kerple_per_layer": "per_layer"}
+
+    def config(self) -> ml_collections.ConfigDict:
+        # r1, r2 per layer (False: one pair shared by every layer, as the authors' code)
+        return ml_collections.ConfigDict({"per_layer": False})
 
     def _params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
         n = cfg.n_heads
@@ -45,13 +52,13 @@ class Kerple(Scheme):
         }
 
     def shared_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
-        return {} if cfg.kerple_per_layer else self._params(cfg, rngs)
+        return {} if cfg.kerple.per_layer else self._params(cfg, rngs)
 
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
-        return self._params(cfg, rngs) if cfg.kerple_per_layer else {}
+        return self._params(cfg, rngs) if cfg.kerple.per_layer else {}
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any] | None:
-        if model.config.kerple_per_layer:
+        if model.config.kerple.per_layer:
             return None
         return {name: getattr(model, name)[...] for name in NAMES}
 

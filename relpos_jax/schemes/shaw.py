@@ -6,20 +6,30 @@ layer, shared by the heads; a tile reads the rows of its own distances (``positi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
+import ml_collections
 
 from relpos_jax import positions as P
+from relpos_jax.errors import at_least
 from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 
 
 @register
 class Shaw(Scheme):
     name = "shaw"
+    must_match = ("max_distance",)
+    renamed: ClassVar[dict[str, str]] = {"shaw_max_distance": "max_distance"}
+
+    def config(self) -> ml_collections.ConfigDict:
+        return ml_collections.ConfigDict({"max_distance": 64})  # k: the tables have 2k + 1 rows
+
+    def validate(self, cfg: Any) -> None:
+        at_least("model.shaw.max_distance", cfg.shaw.max_distance, 1)
 
     def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
-        rows, h = 2 * cfg.shaw_max_distance + 1, cfg.head_dim
+        rows, h = 2 * cfg.shaw.max_distance + 1, cfg.head_dim
         return {
             "table_k": normal_param(rngs, (rows, h), cfg.init_std, ("rows", "head_dim")),
             "table_v": normal_param(rngs, (rows, h), cfg.init_std, ("rows", "head_dim")),
@@ -31,7 +41,7 @@ class Shaw(Scheme):
 
     def distance_tables(self, attention, context, count: int):
         """Both tables' rows for distances ``0 … count − 1`` (clipped at k), shared by the heads."""
-        index = P.shaw_index(jnp.arange(count), attention.config.shaw_max_distance)
+        index = P.shaw_index(jnp.arange(count), attention.config.shaw.max_distance)
         return {
             "key_rows": attention.table_k[...][index][None],
             "value_rows": attention.table_v[...][index][None],

@@ -1,7 +1,7 @@
 """Transformer-XL (Dai et al. 2019, §3.3): ``A_ij = (q_i + u)ᵀk_j + (q_i + v)ᵀ W_R R_{i−j}``.
 
 R is the sinusoid of the distance (capped at ``clamp_len``), W_R a per-layer projection, u and v
-global biases (one pair per layer with ``untie_r``). Each layer projects every distance once
+global biases (one pair per layer with ``model.txl.untie_r``). Each layer projects every distance once
 (``W_R·R``, ``[K, N, H]``); a tile's distances form a band: the tile needs only those rows, scored
 against ``q + v`` and slid into place by ``rel_shift`` — for the dense window (one tile) exactly the
 paper's fast relative shift.
@@ -9,10 +9,11 @@ paper's fast relative shift.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from relpos_jax import positions as P
 from relpos_jax.errors import fail
@@ -23,13 +24,20 @@ from relpos_jax.schemes.base import Scheme, Tile, normal_param, register
 @register
 class TransformerXL(Scheme):
     name = "txl"
+    must_match = ("untie_r",)
+    renamed: ClassVar[dict[str, str]] = {"untie_r": "untie_r"}
+
+    def config(self) -> ml_collections.ConfigDict:
+        return ml_collections.ConfigDict(
+            {"untie_r": False}
+        )  # one u/v pair per layer (False: shared)
 
     def validate(self, cfg: Any) -> None:
         if cfg.d_model % 2:
             fail("model.d_model", cfg.d_model, "the sinusoid needs an even d_model")
 
     def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
-        if cfg.untie_r:
+        if cfg.txl.untie_r:
             return {}
         n, h = cfg.n_heads, cfg.head_dim
         return {
@@ -42,7 +50,7 @@ class TransformerXL(Scheme):
         params = {
             "w_r": normal_param(rngs, (d, n, h), cfg.init_std, ("embed", "heads", "head_dim"))
         }
-        if cfg.untie_r:
+        if cfg.txl.untie_r:
             params["u"] = normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim"))
             params["v"] = normal_param(rngs, (n, h), cfg.init_std, ("heads", "head_dim"))
         return params
@@ -53,7 +61,7 @@ class TransformerXL(Scheme):
         cfg = model.config
         r = P.relative_sinusoid(k_pos.shape[0], cfg.d_model, cfg.clamp_len)
         context = {"r_KD": model.drop(r, deterministic=deterministic)}
-        if not cfg.untie_r:
+        if not cfg.txl.untie_r:
             context["u"], context["v"] = model.u[...], model.v[...]
         return context
 
