@@ -1,6 +1,6 @@
-"""Which TPU slice each of the paper's configs fits, with which mesh: ``docs/results/aot.{json,md}``.
+"""Which TPU slice each of the paper's configs fits, with which mesh: ``docs/benchmarks/aot.{json,md}``.
 
-    python -m bench.aot_table [--rows base] [--out docs/results]
+    python -m bench.aot_table [--rows base] [--out docs/benchmarks]
 
 Compiles the training and evaluation steps of every row of ``ROWS`` (``relpos_jax.aot``, the TPU
 compiler of the tpu extra on this host, no TPU), all in this process, bf16, the paper's batch;

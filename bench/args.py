@@ -73,10 +73,10 @@ def add_runs(parser: argparse.ArgumentParser, default: str, help: str = "") -> N
     )
 
 
-def add_out(parser: argparse.ArgumentParser) -> None:
-    """``--out DIR``: where tables and plots are written."""
-    default = str(ROOT / "docs" / "results")
-    parser.add_argument("--out", default=default, help="where the results are written")
+def add_out(parser: argparse.ArgumentParser, default: str = "docs/benchmarks") -> None:
+    """``--out DIR``: where tables and plots are written (``default`` under the repository: the
+    benchmarks' docs/benchmarks, the research sweeps' docs/results)."""
+    parser.add_argument("--out", default=str(ROOT / default), help="where the results are written")
 
 
 def add_size(parser: argparse.ArgumentParser, default: str = "small", many: bool = False) -> None:

@@ -1,6 +1,6 @@
 """Compile time of the training step against depth: what layers as one scan buy.
 
-    python -m bench.compile_depth [--layers 12,24,48] [--d-model 128] [--out docs/results]
+    python -m bench.compile_depth [--layers 12,24,48] [--d-model 128] [--out docs/benchmarks]
 
 Traces, lowers and compiles ``train_step.train_step_fn`` (forward, backward, Adam, memory carried,
 dropout 0.1) for txl_small with ``--layers`` layers of width ``--d-model`` (4 heads, d_ff 4·d,
@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="12,24,48")
     parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     parser.add_argument("--label", default="", help="what this commit's model is, for the table")
     args = parser.parse_args()
     import jax

@@ -8,7 +8,7 @@ segment = memory = K/2, txl_small's sizes, tiled attention in 512 × 512 tiles) 
 K = 1k, 2k, … and reads XLA's per-device memory of the compiled program (arguments + outputs +
 temporaries); the longest K within ``--budget-mib`` is the row, with its memory and the memory at
 the next K. With ``--run`` the step also runs once at that K (seconds in the table). The JSON
-goes to ``docs/results/context_parallel.json``, the table to ``docs/results/context_parallel.md``
+goes to ``docs/benchmarks/context_parallel.json``, the table to ``docs/benchmarks/context_parallel.md``
 (``--out`` another folder).
 """
 
@@ -25,7 +25,7 @@ import time
 
 from bench.measure import ROOT, commit
 
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "docs" / "benchmarks"
 
 
 def measure(scheme: str, devices: int, context: int, run: bool) -> dict:

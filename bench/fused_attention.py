@@ -2,7 +2,7 @@
 and cuDNN's fused attention, side by side on one accelerator.
 
     python -m bench.fused_attention [--schemes txl,rope,alibi,t5,shaw] [--lengths 1024,...,32768]
-        [--dtype bfloat16] [--out docs/results]
+        [--dtype bfloat16] [--out docs/benchmarks]
 
 One layer of the large size (d_model 1024, 16 heads of 64), batch 1, a segment of T queries and no
 memory (``--memory`` adds one), causal: the shapes cuDNN's ``jax.nn.dot_product_attention`` takes.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # relpos_jax on an accelerator, as the machine is found (its python3 and jax, no network):
 #
-#   bash bench/gpu.sh            # every table, under 8 minutes: results in ${OUT:-docs/results}
+#   bash bench/gpu.sh            # every table, under 8 minutes: results in ${OUT:-docs/benchmarks}
 #   bash bench/gpu.sh --quick    # everything compiles and runs, under 3 minutes: ${OUT:-/tmp/relpos_gpu_quick}
 #   bash bench/gpu.sh --kernels  # the kernel tests, then the kernels over T = 1k … 32k and memory
 #                                # 0 … 4,096 against tiled and cuDNN, under 8 minutes: gpu_kernels.*
@@ -27,10 +27,10 @@ if [ "$MODE" = quick ]; then
   DIR=${OUT:-/tmp/relpos_gpu_quick}; BUDGET=${GPU_BENCH_BUDGET:-170}
   CAPS="training:90 depth:60 profile:45 attention:60"
 elif [ "$MODE" = kernels ]; then
-  DIR=${OUT:-docs/results}; BUDGET=${GPU_BENCH_BUDGET:-470}
+  DIR=${OUT:-docs/benchmarks}; BUDGET=${GPU_BENCH_BUDGET:-470}
   CAPS="kernel_tests:170 kernels:300"
 else
-  DIR=${OUT:-docs/results}; BUDGET=${GPU_BENCH_BUDGET:-470}
+  DIR=${OUT:-docs/benchmarks}; BUDGET=${GPU_BENCH_BUDGET:-470}
   CAPS="training:240 depth:110 profile:60 attention:130 kernel_tests:150"
 fi
 mkdir -p "$DIR"
@@ -112,5 +112,5 @@ done
 [ "$MODE" = full ] && run_kernel_tests
 $PY -m bench.gpu_render --json "$JSON" --out "$DIR/$NAME.md" \
   --faster relpos_jax/attention/kernel/faster.json 2>&1 | tee -a "$LOG"
-[ "$DIR" = docs/results ] || cp relpos_jax/attention/kernel/faster.json "$DIR/faster.json"
+[ "$DIR" = docs/benchmarks ] || cp relpos_jax/attention/kernel/faster.json "$DIR/faster.json"
 say "finished; $DIR/$NAME.md, $DIR/$NAME.json, $DIR/$NAME.log"

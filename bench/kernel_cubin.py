@@ -1,7 +1,7 @@
 """What each Triton kernel needs of an H100/H200 (sm_90) and an A100 (sm_80), compiled without a
-GPU: ``docs/results/kernel_cubin.{json,md}``.
+GPU: ``docs/benchmarks/kernel_cubin.{json,md}``.
 
-    python -m bench.kernel_cubin [--out docs/results]   (the cubin extra: make test-cubin's venv)
+    python -m bench.kernel_cubin [--out docs/benchmarks]   (the cubin extra: make test-cubin's venv)
 
 Every scheme's forward and backward kernels (``kernel.cubin.TERMS``), head dim 64 and 128, bf16 and
 float32, compiled twice: as first launched (block 64, 4 warps, 2 pipeline stages, the launch an H200

@@ -37,15 +37,9 @@ import statistics
 from bench import args as options
 from bench import official_txl
 from bench.measure import SIZES, VOCAB, cell, isolated, median_seconds, our_model, parse_or_serve
+from experiments.common import X_TRANSFORMERS, x_transformers_options
 
 TASKS = ("train", "eval")
-PEERS = {
-    "txl": "rel_pos_bias",
-    "t5": "rel_pos_bias",
-    "rope": "rotary_pos_emb",
-    "alibi": "alibi_pos_bias",
-    "sinusoid": "absolute",
-}
 
 
 def dropout_for(task: str) -> float:
@@ -139,12 +133,12 @@ def peer(task: str, scheme: str, dtype: str, size: dict, repeats: int, warmup: i
     from x_transformers import Decoder, TransformerWrapper
 
     torch.manual_seed(0)
-    option = PEERS[scheme]
+    option = X_TRANSFORMERS[scheme]
     dropout = dropout_for(task)
     layers = Decoder(
         dim=size["d_model"], depth=size["layers"], heads=size["heads"],
         attn_dim_head=size["d_model"] // size["heads"], ff_mult=size["d_ff"] // size["d_model"],
-        ff_dropout=dropout, **({} if option == "absolute" else {option: True}),
+        ff_dropout=dropout, **x_transformers_options(scheme),
     )  # fmt: skip
     model = TransformerWrapper(
         num_tokens=VOCAB, max_seq_len=size["seg"], max_mem_len=size["mem"], attn_layers=layers,
@@ -197,7 +191,11 @@ def official(
 
 def peers_of(scheme: str, official_dir: str | None) -> list[tuple[str, str]]:
     """``(library, row label)`` of each peer that has a counterpart of ``scheme``."""
-    peers = [("x-transformers", f"x-transformers {PEERS[scheme]}")] if scheme in PEERS else []
+    peers = (
+        [("x-transformers", f"x-transformers {X_TRANSFORMERS[scheme]}")]
+        if scheme in X_TRANSFORMERS
+        else []
+    )
     if scheme == "txl" and official_dir:
         peers.append(("official", "official Transformer-XL"))
     return peers
@@ -283,7 +281,9 @@ def main() -> None:
     options.add_timing(
         parser, repeats=5, warmup=2, rounds=3, rounds_help="(ours, peer) process pairs per cell"
     )
-    options.add_schemes(parser, tuple(PEERS), help="schemes (those without a peer: ours alone)")
+    options.add_schemes(
+        parser, tuple(X_TRANSFORMERS), help="schemes (those without a peer: ours alone)"
+    )
     options.add_dtypes(parser, "float32,bfloat16")
     parser.add_argument("--tasks", type=options.listed(choices=TASKS), default="train,eval")
     options.add_size(parser)

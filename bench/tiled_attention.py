@@ -13,7 +13,7 @@ second, so that about 2 s are timed). A cell whose temporary memory would not fi
 not run and reads "out of memory". At ``--ratio-windows`` dense and tiled are also timed side by
 side: both compiled in one process and called in turn (the machine's load then falls on both).
 Writes ``tiled_attention.json`` (settings, commit, every cell) in ``--out`` (default
-``docs/results``) after every cell, and renders ``tiled_attention.md`` from it, with the checks:
+``docs/benchmarks``) after every cell, and renders ``tiled_attention.md`` from it, with the checks:
 tiled peak memory 16k over 8k (linear: ≤ 2.2×), tiled over dense temporary memory at 8k (≤ 1/8),
 tiled over dense time at 1k side by side (≤ 1.3×). A stopped run, started again with the same
 command, keeps the cells it measured and goes on (``--fresh``: measure them all again).

@@ -14,10 +14,10 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the sweeps' own run names and configs (bench/)
+if str(ROOT) not in sys.path:  # the sweeps' own run names and configs (experiments/)
     sys.path.insert(0, str(ROOT))
 
-from bench import ablation, extrapolation
+from experiments import common, extrapolation
 from relpos_jax.config import load_config
 from relpos_jax.evaluate import restore_model
 
@@ -48,13 +48,13 @@ def ablation_model(scheme: str, mem_len: int, seed: int = 0, smoke: bool = False
     """``(model, where it came from)`` of the ablation sweep's run ``(scheme, memory, seed)``
     (``docs/results/ablation.md``: 4 layers, d_model 128, segments of 64)."""
     settings = _settings("ablation")
-    name = ablation.run_name(scheme, mem_len, seed)
+    name = common.run_name(scheme, mem_len, seed)
     workdir = ROOT / "runs" / "ablation" / name
-    overrides = ablation.overrides(mem_len, seed, settings["sets"])
+    overrides = common.overrides(mem_len, seed, settings["sets"])
     if not smoke and (workdir / "checkpoints").exists():
-        return _restored(ablation.config_file(scheme), overrides, workdir)
+        return _restored(common.config_file(scheme), overrides, workdir)
     shrunk = [*overrides, *SMOKE_SIZES, "data.segment_len=16", "data.batch_size=4"]
-    return _trained_here(ablation.config_file(scheme), shrunk if smoke else overrides,
+    return _trained_here(common.config_file(scheme), shrunk if smoke else overrides,
                          5 if smoke else settings["steps"])  # fmt: skip
 
 
@@ -66,14 +66,15 @@ def train_length(smoke: bool = False) -> int:
 def extrapolation_model(scheme: str, seed: int = 0, smoke: bool = False):
     """``(model, where it came from)`` of the extrapolation sweep's run of ``scheme`` with its
     default tables (``docs/results/extrapolation.md``: trained without memory at its train length)."""
-    config_file = ablation.config_file(scheme)
+    config_file = common.config_file(scheme)
     if smoke:
         tiny = (f"train.seed={seed}", "model.mem_len=0", *SMOKE_SIZES, "data.segment_len=16",
                 "data.batch_size=4")  # fmt: skip
         return _trained_here(config_file, tiny, 5)
     settings = _settings("extrapolation")
     train_len = settings["train_len"]
-    workdir = ROOT / "runs" / "extrapolation" / f"{scheme}_defaults_len{train_len}_seed{seed}"
+    name = common.extrapolation_run_name(scheme, "defaults", train_len, seed)
+    workdir = ROOT / "runs" / "extrapolation" / name
     overrides = (
         f"train.seed={seed}", "model.mem_len=0", f"data.segment_len={train_len}",
         *settings["sets"],

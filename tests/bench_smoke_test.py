@@ -1,6 +1,7 @@
-"""The benchmarks stay runnable: each runs once at toy sizes (``python -m bench.<name>``) and prints
-its table. Those marked ``bench`` (several minutes together, most of it compiling in the fresh
-processes each benchmark cell starts) run with ``make test-bench``, not in ``make test``."""
+"""The benchmarks and the research sweeps stay runnable: each runs once at toy sizes (``python -m
+bench.<name>``, ``python -m experiments.<name>``) and prints its table. Those marked ``bench``
+(several minutes together, most of it compiling in the fresh processes each benchmark cell starts)
+run with ``make test-bench``, not in ``make test``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench import ablation, extrapolation, probes, recl, sweep
+from experiments import ablation, extrapolation, probes, recl, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -21,6 +22,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def bench(name: str, *flags: str) -> list[str]:
     """The command line of ``python -m bench.<name> flags...``, run with ``cwd=ROOT``."""
     return [sys.executable, "-m", f"bench.{name}", *flags]
+
+
+def experiment(name: str, *flags: str) -> list[str]:
+    """The command line of ``python -m experiments.<name> flags...``, run with ``cwd=ROOT``."""
+    return [sys.executable, "-m", f"experiments.{name}", *flags]
 
 
 @pytest.mark.slow
@@ -49,7 +55,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         "data.name=text", f"data.path={config.data.path}", f"data.dir={config.data.dir}",
         "data.segment_len=8", "data.batch_size=4",
     ]  # fmt: skip
-    command = bench(
+    command = experiment(
         "ablation", "--steps", "2", "--schemes", "rope", "--seeds", "0",
         "--runs", str(tmp_path / "runs"),
         "--out", str(tmp_path / "out"), *(f"--set={s}" for s in sets),
@@ -65,7 +71,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert windows["tokens"].sum() == round(windows["bits"].sum() / results["runs"][0]["test_bpc"])
     assert "bootstrap interval" in (tmp_path / "out" / "ablation.md").read_text()
 
-    command = bench(
+    command = experiment(
         "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",
         "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--train-len", "8",
         "--tokens", "40", "--stride", "3", "--tiled-from", "16", "--sliding-up-to", "8",
@@ -105,7 +111,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation.render(results)
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
-    command = bench(
+    command = experiment(
         "recl", "--ablation", "rope", "--runs", str(tmp_path / "runs"), "--seeds", "0",
         "--out", str(tmp_path / "out"), "--delta", "4", "--longest", "8", "--tokens", "64",
         "--segment", "4", "--replicates", "50", *(f"--set={s}" for s in sets),
@@ -180,7 +186,7 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
         "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "data.batch_size=4", f"data.dir={config.data.dir}",
     ]  # fmt: skip
-    command = bench(
+    command = experiment(
         "probes", "--steps", "2", "--schemes", "rope", "--seeds", "0", "--distances", "8,32",
         "--conditions", "memory,in_segment",
         "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
@@ -206,43 +212,43 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
 def test_the_committed_tiled_attention_table_is_rendered_from_its_json():
     from bench import tiled_attention
 
-    results = json.loads((ROOT / "docs/results/tiled_attention.json").read_text())
+    results = json.loads((ROOT / "docs/benchmarks/tiled_attention.json").read_text())
     rendered = tiled_attention.render(results) + "\n"
-    assert rendered == (ROOT / "docs/results/tiled_attention.md").read_text()
+    assert rendered == (ROOT / "docs/benchmarks/tiled_attention.md").read_text()
 
 
 def test_the_committed_tpu_table_is_rendered_from_its_json():
-    """docs/results/aot.md: every row's steps compiled, each training step fitting its chip as
+    """docs/benchmarks/aot.md: every row's steps compiled, each training step fitting its chip as
     configured or with the change named beside it."""
     from bench import aot_table
 
-    results = json.loads((ROOT / "docs/results/aot.json").read_text())
+    results = json.loads((ROOT / "docs/benchmarks/aot.json").read_text())
     assert [row["label"] for row in results["rows"]] == [row[0] for row in aot_table.ROWS]
     for row in results["rows"]:
         assert row["train"]["fits"] or "fits_with" in row["train"], row["label"]
         assert row["eval"]["fits"], row["label"]
-    assert aot_table.render(results) == (ROOT / "docs/results/aot.md").read_text()
+    assert aot_table.render(results) == (ROOT / "docs/benchmarks/aot.md").read_text()
 
 
 def test_the_committed_cubin_table_is_rendered_from_its_json():
-    """docs/results/kernel_cubin.md: every kernel of every scheme at both launches on both chips;
+    """docs/benchmarks/kernel_cubin.md: every kernel of every scheme at both launches on both chips;
     as launched now, none over the chip's shared memory, the spill budget, or reading early."""
     from bench import kernel_cubin
 
-    results = json.loads((ROOT / "docs/results/kernel_cubin.json").read_text())
+    results = json.loads((ROOT / "docs/benchmarks/kernel_cubin.json").read_text())
     launches = collections.Counter(row["launch"] for row in results["rows"])
     assert launches == {"first": 80, "fit": 80}
     assert not [row for row in results["rows"] if row["launch"] == "fit" and row["problems"]]
-    assert kernel_cubin.render(results) == (ROOT / "docs/results/kernel_cubin.md").read_text()
+    assert kernel_cubin.render(results) == (ROOT / "docs/benchmarks/kernel_cubin.md").read_text()
 
 
 def test_the_committed_context_parallel_table_is_rendered_from_its_json():
     from bench import context_parallel
 
-    result = json.loads((ROOT / "docs/results/context_parallel.json").read_text())
+    result = json.loads((ROOT / "docs/benchmarks/context_parallel.json").read_text())
     assert {row["devices"] for row in result["rows"]} == {1, 2, 4, 8}
     rendered = context_parallel.table(result)
-    assert rendered == (ROOT / "docs/results/context_parallel.md").read_text()
+    assert rendered == (ROOT / "docs/benchmarks/context_parallel.md").read_text()
 
 
 @pytest.mark.bench
@@ -286,7 +292,7 @@ def test_extrapolation_sizes_only_the_tables_that_sizing_changes():
 
 def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_protocols():
     settings = {
-        "command": "python -m bench.extrapolation", "commit": "abc", "machine": "m", "date": "d",
+        "command": "python -m experiments.extrapolation", "commit": "abc", "machine": "m", "date": "d",
         "train_len": 128, "steps": 5, "seeds": [0], "lengths": [256], "tokens": 512,
         "stride": None, "sliding_up_to": 128, "sized_as_defaults": ["t5"], "scored_only": True,
     }  # fmt: skip
@@ -326,22 +332,26 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
 
 @pytest.mark.parametrize(
     "table, script",
-    [("ablation", "ablation"), ("memory_growth/ablation", "ablation"), ("recl", "recl"),
-     ("compare_training", "compare_training"), ("extrapolation", "extrapolation"),
-     ("compare_training_init05/compare_training", "compare_training"), ("probe_needle", "probes"),
-     ("txl_small", "txl_small"), ("compile_depth", "compile_depth"), ("core/ablation", "ablation")],
+    [("results/ablation", "experiments.ablation"),
+     ("results/memory_growth/ablation", "experiments.ablation"),
+     ("results/recl", "experiments.recl"), ("results/compare_training", "experiments.compare_training"),
+     ("results/extrapolation", "experiments.extrapolation"),
+     ("results/compare_training_init05/compare_training", "experiments.compare_training"),
+     ("results/probe_needle", "experiments.probes"), ("results/txl_small", "experiments.txl_small"),
+     ("benchmarks/compile_depth", "bench.compile_depth"),
+     ("results/core/ablation", "experiments.ablation")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
 
-    render = importlib.import_module(f"bench.{script}").render
-    results = sweep.read(ROOT / f"docs/results/{table}.json")  # with its windows, where kept
-    assert render(results) == (ROOT / f"docs/results/{table}.md").read_text()
+    render = importlib.import_module(script).render
+    results = sweep.read(ROOT / f"docs/{table}.json")  # with its windows, where kept
+    assert render(results) == (ROOT / f"docs/{table}.md").read_text()
 
 
 @pytest.mark.parametrize("folder", ["docs/results", "docs/results/core"])
 def test_the_committed_leaderboard_and_papers_are_gathered_from_the_committed_jsons(folder):
-    from bench import leaderboard, papers
+    from experiments import leaderboard, papers
 
     rendered = leaderboard.render(*leaderboard.gather(ROOT / folder))
     assert rendered == (ROOT / folder / "README.md").read_text()
@@ -378,7 +388,7 @@ def test_the_probe_table_leads_with_the_seeds_that_solve_it_at_trained_distances
         ("alibi", "memory"): [(0.1, 0.1, 1.0), (0.12, 0.08, 1.0), (0.1, 0.1, 1.0)],
     }
     settings = {
-        "command": "python -m bench.probes", "commit": "abc", "machine": "m", "date": "d",
+        "command": "python -m experiments.probes", "commit": "abc", "machine": "m", "date": "d",
         "config": "configs/probe_needle.py", "kind": "needle", "steps": 10, "segment_len": 16,
         "mem_len": 48, "seeds": [0, 1, 2], "trained": [8, 48],
     }  # fmt: skip
@@ -418,7 +428,7 @@ def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_m
 
 def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_path):
     result = subprocess.run(  # an empty --out: no run reused from the JSONs of docs/results/core
-        [sys.executable, "-m", "bench.core", "--dry-run", "--seeds", "0", "--probe-seeds", "0",
+        [sys.executable, "-m", "experiments.core", "--dry-run", "--seeds", "0", "--probe-seeds", "0",
          "--runs", "runs/x", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
@@ -437,7 +447,7 @@ def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_
 
 def test_the_core_comparison_reuses_the_runs_its_committed_json_holds():
     result = subprocess.run(
-        [sys.executable, "-m", "bench.core", "--dry-run", "--seeds", "0", "--runs", "runs/x"],
+        [sys.executable, "-m", "experiments.core", "--dry-run", "--seeds", "0", "--runs", "runs/x"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,10 +1,10 @@
-"""The leaderboard (``bench.leaderboard``), rendered from small sweep JSONs without training."""
+"""The leaderboard (``experiments.leaderboard``), rendered from small sweep JSONs without training."""
 
 from __future__ import annotations
 
 import json
 
-from bench import leaderboard
+from experiments import leaderboard
 
 
 def _write(path, command: str, runs: list[dict], **settings) -> None:
@@ -18,11 +18,11 @@ def _row(table: str, scheme: str, memory: str) -> list[str]:
 
 
 def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missing(tmp_path):
-    _write(tmp_path / "ablation.json", "python -m bench.ablation", [
+    _write(tmp_path / "ablation.json", "python -m experiments.ablation", [
         {"scheme": "txl", "memory": m, "seed": s, "test_bpc": 2.0 + 0.1 * (m == 0) + 0.01 * s}
         for m in (64, 0) for s in range(3)
     ])  # fmt: skip
-    _write(tmp_path / "extrapolation.json", "python -m bench.extrapolation", [
+    _write(tmp_path / "extrapolation.json", "python -m experiments.extrapolation", [
         {"scheme": "t5", "variant": variant, "seed": s, "label": "t5",
          "bpc": {"non-overlapping": {"128": 2.0, "512": base + s * 0.02, "2048": base + 1}}}
         for variant, base in (("defaults", 3.0), ("sized", 2.5)) for s in range(2)
@@ -33,7 +33,7 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     ], train_len=128)  # fmt: skip
     old = {"settings": {"runs": "runs/recl"}, "bpc": {}}  # written before sweeps kept a command
     (tmp_path / "recl.json").write_text(json.dumps(old))
-    _write(tmp_path / "probe_needle.json", "python -m bench.probes", [
+    _write(tmp_path / "probe_needle.json", "python -m experiments.probes", [
         {"scheme": "alibi", "condition": c, "seed": s,
          "curve": [{"distance": 8, "byte_accuracy": a}, {"distance": 32, "byte_accuracy": 0.1}]}
         for c, a in (("memory", 0.3), ("in_segment", 0.9), ("no_memory", 0.0)) for s in range(2)
@@ -51,7 +51,7 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert _row(table, "none", "no") == [leaderboard.NOT_MEASURED] * 5
     assert _row(table, "learned", "no")[1:3] == [leaderboard.NOT_APPLICABLE] * 2  # clamped table
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
-    source = "- test bpc: `python -m bench.ablation` (commit abc1234, 2026-12-03, "
+    source = "- test bpc: `python -m experiments.ablation` (commit abc1234, 2026-12-03, "
     assert source + "pystdlib partition `hash`)" in table  # recorded before partitions were
     full = leaderboard.render(*_full(tmp_path / "full"))
     assert leaderboard.NOT_MEASURED not in full
@@ -97,10 +97,19 @@ def test_the_needle_column_averages_only_the_trained_distances():
 
 
 def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
-    ablation = {"command": "python -m bench.ablation", "steps": 4000, "sets": ["model.n_layers=4"]}
-    own = {"command": "python -m bench.extrapolation", "steps": 500, "sets": [], "models": "own"}
+    ablation = {
+        "command": "python -m experiments.ablation",
+        "steps": 4000,
+        "sets": ["model.n_layers=4"],
+    }
+    own = {
+        "command": "python -m experiments.extrapolation",
+        "steps": 500,
+        "sets": [],
+        "models": "own",
+    }
     shared = {**own, "models": "ablation", "steps": 4000, "sets": ["model.n_layers=4"]}
-    recl = {"command": "python -m bench.recl --ablation txl --runs runs/ablation"}
+    recl = {"command": "python -m experiments.recl --ablation txl --runs runs/ablation"}
     one = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": shared,
                                 "recl.json": recl})  # fmt: skip
     assert one.startswith("Test bpc, extrapolation and RECL come from one set of models")

@@ -1,9 +1,9 @@
-"""``bench.papers``: each paper's claim judged on synthetic sweep results by the sweeps' rule, and
+"""``experiments.papers``: each paper's claim judged on synthetic sweep results by the sweeps' rule, and
 the committed table rendered from the committed JSONs."""
 
 from __future__ import annotations
 
-from bench import papers
+from experiments import papers
 from tests.helpers import ROOT
 
 

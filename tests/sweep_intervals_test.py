@@ -1,4 +1,4 @@
-"""Tables with bootstrap intervals (``bench.sweep.Compare``): the ablation and the leaderboard
+"""Tables with bootstrap intervals (``experiments.sweep.Compare``): the ablation and the leaderboard
 rendered from synthetic runs that kept their test windows — ``mean [lo, hi]`` and "lower than" only
 where a paired interval excludes zero — and from runs without them, which keep ``mean ± sd`` and the
 spread rule; the windows' way from a run's folder to a sweep's JSON and back."""
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from bench import ablation, leaderboard, sweep
+from experiments import ablation, leaderboard, sweep
 from relpos_jax import evaluate
 
 T, W = 8, 200  # tokens a window, windows
@@ -28,7 +28,7 @@ def _results() -> dict:
     memory lowers txl's bpc by 0.1 on every window; shaw's 0.005 is within its seeds' 0.02."""
     hard = np.random.default_rng(0).gamma(4.0, 0.5, W)
     rng = np.random.default_rng(1)
-    settings = sweep.settings(["bench.ablation", "--seeds", "0,1,2"], steps=10, mem_len=64,
+    settings = sweep.settings(["experiments.ablation", "--seeds", "0,1,2"], steps=10, mem_len=64,
                               seeds=[0, 1, 2], schemes=["txl", "shaw"], sets=[])  # fmt: skip
     runs = []
     for (scheme, memory), offset in OFFSET.items():

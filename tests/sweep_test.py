@@ -1,4 +1,4 @@
-"""The sweeps' shared pieces (``bench.sweep``) and the ablation's table, rendered from a small JSON
+"""The sweeps' shared pieces (``experiments.sweep``) and the ablation's table, rendered from a small JSON
 without training anything; its runs listed as command lines (``--dry-run``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import ablation, sweep
+from experiments import ablation, sweep
 from tests.bench_smoke_test import ROOT
 
 
@@ -29,7 +29,7 @@ def _results() -> dict:
         ("txl", 64): [2.00, 2.01, 2.02], ("txl", 0): [2.10, 2.11, 2.12],
         ("shaw", 64): [2.30, 2.50, 2.40], ("shaw", 0): [2.36, 2.46, 2.41],
     }  # fmt: skip
-    settings = sweep.settings(["bench.ablation", "--seeds", "0,1,2"], steps=10, mem_len=64,
+    settings = sweep.settings(["experiments.ablation", "--seeds", "0,1,2"], steps=10, mem_len=64,
                               seeds=[0, 1, 2], schemes=["txl", "shaw"], sets=[])  # fmt: skip
     runs = [
         {"scheme": s, "memory": m, "seed": seed, "workdir": "runs/x", "test_bpc": v}
@@ -40,7 +40,7 @@ def _results() -> dict:
 
 def test_the_ablation_table_is_rendered_from_its_json_with_spreads():
     table = ablation.render(_results())
-    assert "`python -m bench.ablation --seeds 0,1,2`" in table
+    assert "`python -m experiments.ablation --seeds 0,1,2`" in table
     rows = [line for line in table.splitlines() if line.startswith(("| txl", "| shaw"))]
     assert rows[0] == "| txl | 64 | 2.0100 ± 0.0100 | 3 | 27.02 |"  # the lowest first
     assert rows[-1] == "| shaw | 0 | 2.4100 ± 0.0500 | 3 | 29.75 |"
@@ -83,7 +83,7 @@ def test_the_ablation_plots_loss_against_position_from_its_json(tmp_path):
 def test_the_ablation_lists_its_runs_as_command_lines():
     flags = ["--dry-run", "--schemes", "txl,rope", "--seeds", "0,1", "--steps", "5"]
     result = subprocess.run(
-        [sys.executable, "-m", "bench.ablation", *flags, "--runs", "runs/sweep"],
+        [sys.executable, "-m", "experiments.ablation", *flags, "--runs", "runs/sweep"],
         capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
     )  # fmt: skip
     runs = [line.split(" && ") for line in result.stdout.splitlines()]
@@ -96,7 +96,7 @@ def test_the_ablation_lists_its_runs_as_command_lines():
 
 
 def test_the_probe_table_is_rendered_from_its_json_with_spreads():
-    from bench import probes
+    from experiments import probes
 
     accuracy = {  # (scheme, condition) -> per seed, accuracy at distances 8 and 32
         ("txl", "memory"): [(1.0, 0.9), (1.0, 0.7)],
@@ -104,7 +104,7 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
         ("alibi", "in_segment"): [(0.6, 0.1), (0.2, 0.1)],  # 0.4 ± 0.28: not beyond 2 sd
     }
     settings = sweep.settings(
-        ["bench.probes", "--seeds", "0,1"], config="configs/probe_needle.py", kind="needle",
+        ["experiments.probes", "--seeds", "0,1"], config="configs/probe_needle.py", kind="needle",
         steps=10, segment_len=16, mem_len=48, seeds=[0, 1], schemes=["txl", "alibi"],
         conditions=["memory", "in_segment"], sets=[],
     )  # fmt: skip
@@ -115,7 +115,7 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
         for seed, seeds in enumerate(per_seed)
     ]  # fmt: skip
     table = probes.render({"settings": settings, "chance": 0.1, "runs": runs})
-    assert "`python -m bench.probes --seeds 0,1`" in table
+    assert "`python -m experiments.probes --seeds 0,1`" in table
     assert "| distance | txl, memory | alibi, memory | alibi, in segment |" in table
     assert "| 8 | 1.000 ± 0.000 | 0.110 ± 0.014 | 0.400 ± 0.283 |" in table
     assert "| 32 | 0.800 ± 0.141 | 0.090 ± 0.014 | 0.100 ± 0.000 |" in table
@@ -131,7 +131,7 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
 
 
 def test_the_recl_table_is_rendered_from_its_json_with_spreads():
-    from bench import recl
+    from experiments import recl
 
     runs = [
         {"label": f"txl, memory {m}", "scheme": "txl", "seed": seed,
@@ -140,10 +140,10 @@ def test_the_recl_table_is_rendered_from_its_json_with_spreads():
          "pair_recl": {"0.1": 64, "0.5": 64 if seed else 32, "1.0": 32}}
         for m in (64, 0) for seed in (0, 1)
     ]  # fmt: skip
-    settings = sweep.settings(["bench.recl", "--seeds", "0,1"], tokens=1024, segment=16)
+    settings = sweep.settings(["experiments.recl", "--seeds", "0,1"], tokens=1024, segment=16)
     table = recl.render({"settings": settings, "contexts": [0, 64], "r": [0.1, 0.5, 1.0],
                          "runs": runs})  # fmt: skip
-    assert "`python -m bench.recl --seeds 0,1`" in table
+    assert "`python -m experiments.recl --seeds 0,1`" in table
     assert (
         "| txl, memory 64 | 2 | 5.0000 ± 0.0000 | 1.9050 ± 0.0071 | ≥64 ± 0 | ≥64 ± 0 | 32 ± 0 |"
         in table
@@ -175,7 +175,7 @@ def _recl_results(seeds):
             _recl_row("sinusoid, memory 0", "sinusoid", 0, seed, [0, 0, 0],
                       [[0, 32], [0, 0], [0, 0]]),
         ]  # fmt: skip
-    settings = sweep.settings(["bench.recl", "--ablation", "txl:M,sinusoid:0"], tokens=1024,
+    settings = sweep.settings(["experiments.recl", "--ablation", "txl:M,sinusoid:0"], tokens=1024,
                               segment=16, group="txl:64,sinusoid:0")  # fmt: skip
     bootstrap = {"replicates": 500, "level": 0.95, "seed": 0, "block": 16}
     return {"settings": settings, "protocol": 2,
@@ -184,10 +184,10 @@ def _recl_results(seeds):
 
 
 def test_the_recl_table_says_the_group_the_step_the_scoring_and_the_intervals():
-    from bench import recl
+    from experiments import recl
 
     table = recl.render(_recl_results([0]))
-    assert "`python -m bench.recl --ablation txl:M,sinusoid:0`" in table
+    assert "`python -m experiments.recl --ablation txl:M,sinusoid:0`" in table
     assert "**The group**: txl, memory 64; sinusoid, memory 0. RECL is a property of a model " \
         "within its group" in table  # fmt: skip
     assert "c = 0, 32, 64 (Δ = 32)" in table
@@ -211,14 +211,14 @@ def test_the_recl_table_says_the_group_the_step_the_scoring_and_the_intervals():
 
 
 def test_the_recl_group_defaults_to_the_papers_and_steps_by_a_fixed_delta(tmp_path):
-    from bench import recl
+    from experiments import recl
 
     assert recl.parse_group("paper", 64) == [("txl", 64), ("shaw", 64), ("txl", 0), ("sinusoid", 0)]
     assert recl.parse_group("rope,t5:M,txl:32", 64) == [
         ("rope", 64), ("rope", 0), ("t5", 64), ("txl", 32),
     ]  # fmt: skip
     for bad in ("nope:M", "txl:x", "txl,txl:0"):
-        with pytest.raises(ValueError, match=r"bench\.recl") as error:
+        with pytest.raises(ValueError, match=r"experiments\.recl") as error:
             recl.parse_group(bad, 64)
         assert "\n" not in str(error.value)
     args = recl.parse(["--ablation", "--mem-len", "64", "--runs", str(tmp_path), "--seeds", "0,1"])
@@ -237,7 +237,7 @@ def test_the_recl_group_defaults_to_the_papers_and_steps_by_a_fixed_delta(tmp_pa
 
 
 def test_the_recl_dry_run_lists_the_groups_and_how_each_run_is_scored(tmp_path, capsys):
-    from bench import recl
+    from experiments import recl
 
     (tmp_path / "txl_mem64_seed0" / "checkpoints").mkdir(parents=True)
     recl.main(["--ablation", "--mem-len", "64", "--runs", str(tmp_path), "--dry-run",
@@ -249,12 +249,12 @@ def test_the_recl_dry_run_lists_the_groups_and_how_each_run_is_scored(tmp_path, 
         f"sinusoid, memory 0: {tmp_path / 'sinusoid_mem0_seed0'} (in windows), not trained"
         in printed
     )
-    assert "python -m bench.ablation --schemes shaw,txl,sinusoid --mem-len 64" in printed
+    assert "python -m experiments.ablation --schemes shaw,txl,sinusoid --mem-len 64" in printed
     assert not (tmp_path / "out").exists()  # nothing measured, nothing written
 
 
 def test_the_library_comparison_is_rendered_from_its_json_with_memorys_effect():
-    from bench import compare_training
+    from experiments import compare_training
 
     def bpc(library, memory, seed):  # memory helps x-transformers beyond 2 sd, ours within
         gain = {"relpos_jax": 0.01, "x-transformers": 0.09}[library] if memory else 0.0
@@ -265,7 +265,7 @@ def test_the_library_comparison_is_rendered_from_its_json_with_memorys_effect():
          "test_bpc": bpc(library, memory, seed)}
         for library in ("relpos_jax", "x-transformers") for memory in (64, 0) for seed in (0, 1)
     ]  # fmt: skip
-    settings = sweep.settings(["bench.compare_training"], steps=600, mem_len=64, seeds=[0, 1],
+    settings = sweep.settings(["experiments.compare_training"], steps=600, mem_len=64, seeds=[0, 1],
                               schemes=["alibi"], sets=["model.n_layers=4"])  # fmt: skip
     table = compare_training.render({"settings": settings, "runs": runs})
     assert "| alibi | relpos_jax | 64 | 1.9950 ± 0.0071 | -0.0100 |" in table
@@ -276,7 +276,7 @@ def test_the_library_comparison_is_rendered_from_its_json_with_memorys_effect():
 def test_the_library_comparison_lists_both_libraries_runs_as_command_lines():
     flags = ["--dry-run", "--schemes", "alibi", "--seeds", "0,1", "--steps", "5"]
     result = subprocess.run(
-        [sys.executable, "-m", "bench.compare_training", *flags, "--runs", "runs/cmp"],
+        [sys.executable, "-m", "experiments.compare_training", *flags, "--runs", "runs/cmp"],
         capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
     )  # fmt: skip
     lines = result.stdout.splitlines()
@@ -328,12 +328,12 @@ def test_a_sweep_reuses_the_runs_its_json_holds_for_the_same_settings(tmp_path):
 
 
 def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit(tmp_path):
-    from bench import probes
+    from experiments import probes
     from relpos_jax.config import Config, load_config
 
     cfg = Config.from_any(load_config(ROOT / "configs/probe_needle.py", []))
     settings = sweep.settings(
-        ["bench.probes"], config="configs/probe_needle.py", kind="needle", steps=10,
+        ["experiments.probes"], config="configs/probe_needle.py", kind="needle", steps=10,
         segment_len=16, mem_len=48, seeds=[0], schemes=["txl"], conditions=["memory"], sets=[],
     )  # fmt: skip
     settings["commit"] = "abc1234"
@@ -363,7 +363,7 @@ def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit
 
 
 def test_a_killed_recl_sweep_keeps_the_groups_it_measured_while_their_runs_are_unchanged(tmp_path):
-    from bench import recl
+    from experiments import recl
 
     group = [recl.Member(f"txl, memory {m}", "txl", m, None, tmp_path / f"txl_mem{m}")
              for m in (64, 0)]  # fmt: skip
@@ -371,7 +371,7 @@ def test_a_killed_recl_sweep_keeps_the_groups_it_measured_while_their_runs_are_u
         workdir.mkdir()
         (workdir / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.0}}))
     rows = [{"label": m.label, "seed": 0, "trained": recl.trained(m.workdir)} for m in group]
-    now = {"settings": sweep.settings(["bench.recl"], tokens=64, segment=4), "contexts": [0, 4],
+    now = {"settings": sweep.settings(["experiments.recl"], tokens=64, segment=4), "contexts": [0, 4],
            "r": [0.1, 0.5, 1.0], "protocol": recl.PROTOCOL,
            "bootstrap": {"replicates": 10, "level": 0.95, "seed": 0, "block": 4}}  # fmt: skip
     earlier = {**now, "runs": rows}
@@ -397,7 +397,7 @@ def test_a_run_measured_on_another_corpus_partition_is_not_reused(tmp_path):
     assert run.result(7) is None
     hashed = sweep.Run("a", tmp_path / "a", "configs/txl_small.py", ("data.partition=hash",))
     assert hashed.result(7) == older
-    settings = sweep.settings(["bench.ablation", "--set", "data.partition=hash"])
+    settings = sweep.settings(["experiments.ablation", "--set", "data.partition=hash"])
     assert settings["partition"] == "hash" and sweep.settings(["x"])["partition"] == "dedup"
     results = {**_results(), "settings": {**_results()["settings"], "partition": "hash"}}
     sweep.write(tmp_path / "ablation.json", results)

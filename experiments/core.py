@@ -1,20 +1,20 @@
 """The core comparison from one command: one set of models, trained to a plateau, feeding every
 column of the leaderboard, then the claim-by-claim table against the papers.
 
-    .venv/bin/python -m bench.core [--steps 4000] [--seeds 0,1,2] [--probe-seeds 0,1,2,3,4,5]
+    .venv/bin/python -m experiments.core [--steps 4000] [--seeds 0,1,2] [--probe-seeds 0,1,2,3,4,5]
         [--runs runs/core] [--out docs/results/core] [--dry-run] [--finished-only]
 
 In order, each a sweep of its own that resumes where it stopped:
 
-1. ``bench.ablation``: every scheme with memory 64 and without (Transformer-XL's Table 6 at small
+1. ``experiments.ablation``: every scheme with memory 64 and without (Transformer-XL's Table 6 at small
    scale: 4 layers, d_model 128, segment 64), ``--steps`` steps, ``--seeds``;
-2. ``bench.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
+2. ``experiments.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
    length (64 to 32,768), non-overlapping and in sliding windows, and RoPE's position-interpolation
    fine-tunes at 2×–8×;
-3. ``bench.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
+3. ``experiments.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
    vanilla) from the runs of step 1;
-4. ``bench.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
-5. ``bench.leaderboard`` and ``bench.papers``: the tables, from the JSONs.
+4. ``experiments.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
+5. ``experiments.leaderboard`` and ``experiments.papers``: the tables, from the JSONs.
 
 Everything goes to ``--out`` (``docs/results/core``): the home of this protocol's results, apart
 from the earlier sweeps' tables in ``docs/results``, which mixed models, steps and splits.
@@ -34,7 +34,11 @@ from bench.measure import ROOT
 
 SIZES = ("model.n_layers=4", "model.d_model=128", "model.d_ff=512", "data.segment_len=64")
 MEMORY = 64
-TRAINING = ("bench.ablation", "bench.extrapolation", "bench.probes")  # the sweeps that train
+TRAINING = (
+    "experiments.ablation",
+    "experiments.extrapolation",
+    "experiments.probes",
+)  # the sweeps that train
 FACTORS = "1,2,4,8,16,32,64,128,256,512"  # of segment 64: up to 32,768, both protocols
 
 
@@ -44,15 +48,15 @@ def commands(args) -> list[list[str]]:
     runs, out = ["--runs", args.runs], ["--out", args.out]
     common = ["--steps", str(args.steps), "--seeds", seeds, *runs, *sets, *out]
     return [
-        ["bench.ablation", "--mem-len", str(MEMORY), *common],
-        ["bench.extrapolation", "--models", "ablation", "--factors", FACTORS,
+        ["experiments.ablation", "--mem-len", str(MEMORY), *common],
+        ["experiments.extrapolation", "--models", "ablation", "--factors", FACTORS,
          "--sliding-up-to", str(64 * 512), *common],
-        ["bench.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
+        ["experiments.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
          *out],
-        ["bench.probes", "--steps", str(args.steps), "--seeds",
+        ["experiments.probes", "--steps", str(args.steps), "--seeds",
          ",".join(map(str, args.probe_seeds)), "--runs", f"{args.runs}/probes", *out],
-        ["bench.leaderboard", "--results", args.out, *out],
-        ["bench.papers", "--results", args.out, *out],
+        ["experiments.leaderboard", "--results", args.out, *out],
+        ["experiments.papers", "--results", args.out, *out],
     ]  # fmt: skip
 
 

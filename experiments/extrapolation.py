@@ -1,12 +1,12 @@
 """Train short, test long (the ALiBi paper's Table 2, small scale), over seeds and without the
 untrained-table confound: bpc against evaluation length.
 
-    .venv/bin/python -m bench.extrapolation [--schemes ...] [--seeds 0,1,2] [--train-len 128]
+    .venv/bin/python -m experiments.extrapolation [--schemes ...] [--seeds 0,1,2] [--train-len 128]
         [--steps 500] [--variants defaults,sized] [--factors 1,2,4,8,16,64,256] [--tokens 0]
         [--set model.n_layers=4 ...] [--dry-run]
 
 Trains each scheme without memory at segment ``--train-len`` (``configs/<scheme>_small.py``, one
-``bench.sweep`` run per scheme, variant and seed: reused when finished, listed by ``--dry-run``) and
+``experiments.sweep`` run per scheme, variant and seed: reused when finished, listed by ``--dry-run``) and
 scores the test split (its first ``--tokens``; 0: all of it, at least 64 windows of 32,768 with the
 default partition) at lengths L = train-len × factor, with no memory, two ways:
 
@@ -21,7 +21,7 @@ from there, a sweep run again with more ``--factors`` scores only the new length
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
-With ``--models ablation`` the models are ``bench.ablation``'s runs without memory (the same names,
+With ``--models ablation`` the models are ``experiments.ablation``'s runs without memory (the same names,
 settings and ``--runs`` folder, ``--steps``, ``--seeds`` and ``--set`` as that sweep; trained
 there, or here if missing), so that the leaderboard's test bpc and its extrapolation columns come
 from one set of models; the trained length is then their ``data.segment_len`` and there is no
@@ -59,9 +59,14 @@ import sys
 import time
 
 from bench import args as options
-from bench import sweep
-from bench.ablation import SCHEMES, config_file
 from bench.measure import ROOT
+from experiments import sweep
+from experiments.common import (
+    EXTRAPOLATION_SCHEMES,
+    config_file,
+    config_for,
+    extrapolation_run_name,
+)
 from relpos_jax.config import load_config
 
 ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
@@ -119,9 +124,9 @@ def sized_as_defaults(scheme: str, train_len: int) -> bool:
 
 
 def ablation_runs(args) -> dict[tuple[str, str, int], sweep.Run]:
-    """``bench.ablation``'s runs without memory (``--models ablation``), as its command line with
+    """``experiments.ablation``'s runs without memory (``--models ablation``), as its command line with
     these ``--runs``, ``--steps``, ``--seeds`` and ``--set`` makes them."""
-    from bench import ablation
+    from experiments import ablation
 
     same = argparse.Namespace(
         schemes=args.schemes, mem_len=0, seeds=args.seeds, runs=args.runs, steps=args.steps,
@@ -143,7 +148,7 @@ def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
             if variant == "sized" and scheme in args.sized_as_defaults:
                 continue  # the same config as the defaults run: render() says so
             for seed in args.seeds:
-                name = f"{scheme}_{variant}_len{args.train_len}_seed{seed}"
+                name = extrapolation_run_name(scheme, variant, args.train_len, seed)
                 settings = (
                     f"train.steps={args.steps}", f"train.seed={seed}", "train.eval_every=0",
                     "model.mem_len=0", f"data.segment_len={args.train_len}",
@@ -421,7 +426,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
 
 def main() -> None:
     parser = options.parser(__doc__)
-    options.add_schemes(parser, ("none", *(s for s in SCHEMES if s != "learned")))
+    options.add_schemes(parser, EXTRAPOLATION_SCHEMES)
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--train-len", type=int, default=128)
     parser.add_argument(
@@ -454,16 +459,14 @@ def main() -> None:
     parser.add_argument("--tiled-from", type=int, default=2048, help="tiled attention from L")
     parser.add_argument(
         "--models", choices=("own", "ablation"), default="own",
-        help="own: trained here at --train-len; ablation: bench.ablation's runs without memory",
+        help="own: trained here at --train-len; ablation: experiments.ablation's runs without memory",
     )  # fmt: skip
     sweep.add_options(parser)
     options.add_runs(parser, "runs/extrapolation")
     options.add_overrides(parser, help="applied to every run")
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     args = parser.parse_args()
     if args.models == "ablation":  # their trained length, and no sized variant
-        from bench.ablation import config_for
-
         args.train_len = config_for(args.schemes[0], 0, args.seeds[0], args.set).data.segment_len
         args.variants = ["defaults"]
     args.lengths = [args.train_len * f for f in args.factors]
@@ -479,7 +482,7 @@ def main() -> None:
     pi_runs, _, pi_missing = sweep.finish(pi_runs, pi_args)
     results = {
         "settings": sweep.settings(
-            ["bench.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
+            ["experiments.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
             extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only, models=args.models,

@@ -3,9 +3,9 @@ then every test token evaluated; the numbers kept in ``txl_small.json`` (setting
 wall time, parameters, valid and test bpc, the learning curve), and ``txl_small.md`` and
 ``txl_small_curve.png`` rendered from it.
 
-    .venv/bin/python -m bench.txl_small [--runs runs] [--out docs/results] [--dry-run]
+    .venv/bin/python -m experiments.txl_small [--runs runs] [--out docs/results] [--dry-run]
 
-One ``bench.sweep`` run (``train.py``, then ``eval.py --splits test``), reused when it has finished;
+One ``experiments.sweep`` run (``train.py``, then ``eval.py --splits test``), reused when it has finished;
 its wall time is recorded only when it ran here.
 """
 
@@ -17,8 +17,8 @@ import sys
 import time
 
 from bench import args as options
-from bench import sweep
 from bench.measure import ROOT
+from experiments import sweep
 
 CONFIG = "configs/txl_small.py"
 MODEL_FIELDS = ("position", "n_layers", "d_model", "n_heads", "d_ff", "mem_len")
@@ -47,7 +47,7 @@ def collect(run: sweep.Run, evaluated: dict, seconds: float | None, argv) -> dic
     m, d, t = cfg.model, cfg.data, cfg.train
     return {
         "settings": sweep.settings(
-            ["bench.txl_small", *argv],
+            ["experiments.txl_small", *argv],
             config=CONFIG,
             steps=t.steps,
             seconds=seconds,
@@ -124,7 +124,7 @@ def main() -> None:
     parser = options.parser(__doc__)
     sweep.add_options(parser)
     options.add_runs(parser, "runs")
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     args = parser.parse_args()
     from relpos_jax.config import load_config
 

@@ -1,12 +1,12 @@
 """Memory probes over seeds: can a scheme answer beyond its segment with memory, and can it answer
 at all (the key inside the segment)? Accuracy against distance.
 
-    .venv/bin/python -m bench.probes [--config configs/probe_needle.py] [--schemes txl,alibi,...]
+    .venv/bin/python -m experiments.probes [--config configs/probe_needle.py] [--schemes txl,alibi,...]
         [--conditions memory,in_segment,no_memory] [--seeds 0,1,2,3,4,5] [--steps N]
         [--distances 8,16,...] [--set model.n_layers=1 ...] [--dry-run]
 
 Each (scheme, condition, seed) is one ``train.py`` + ``eval.py`` run of the probe config (a
-``bench.sweep`` run: reused when finished, listed by ``--dry-run``), then scored on fresh test
+``experiments.sweep`` run: reused when finished, listed by ``--dry-run``), then scored on fresh test
 documents at each distance (``relpos_jax.analysis.probing.accuracy_by_distance``: teacher-forced,
 segment and memory as in training; cached in the run's ``probe_accuracy.json``). The conditions:
 
@@ -37,8 +37,9 @@ import pathlib
 import sys
 
 from bench import args as options
-from bench import sweep
 from bench.measure import ROOT
+from experiments import sweep
+from experiments.common import PROBE_SCHEMES
 from relpos_jax.config import Config, load_config
 
 CONDITIONS = ("memory", "in_segment", "no_memory")
@@ -55,7 +56,7 @@ def condition_settings(condition: str, cfg: Config) -> tuple[str, ...]:
     window = segment + memory
     if batch * segment % window:
         raise SystemExit(
-            f"bench.probes: in_segment needs batch·segment ({batch}·{segment}) divisible by the "
+            f"experiments.probes: in_segment needs batch·segment ({batch}·{segment}) divisible by the "
             f"window {window}; pass --set data.batch_size=... accordingly"
         )
     return (
@@ -295,7 +296,7 @@ def main() -> None:
         "--distances", type=options.ints, default=None,
         help="default: the trained ones, every 8 bytes of the probe config's range",
     )  # fmt: skip
-    options.add_schemes(parser, ("txl", "shaw", "t5", "deberta", "alibi", "rope"))
+    options.add_schemes(parser, PROBE_SCHEMES)
     parser.add_argument(
         "--conditions", type=options.listed(choices=CONDITIONS), default="memory,in_segment",
         help=f"from {','.join(CONDITIONS)} (default: %(default)s)",
@@ -305,7 +306,7 @@ def main() -> None:
         help="train.seed values (the lookup is learnt or not: 6–8 seeds give its share)",
     )  # fmt: skip
     sweep.add_options(parser)
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     options.add_runs(parser, "runs/probes")
     options.add_overrides(parser, help="e.g. model.n_layers=1")
     args = parser.parse_args()
@@ -335,7 +336,7 @@ def main() -> None:
     } | reused  # fmt: skip
     results = {
         "settings": sweep.settings(
-            ["bench.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
+            ["experiments.probes", *sys.argv[1:]], config=args.config, kind=kind, steps=args.steps,
             segment_len=cfg.data.segment_len, mem_len=cfg.model.mem_len, seeds=list(args.seeds),
             schemes=list(args.schemes), conditions=list(args.conditions), sets=list(args.set),
             trained=[shortest, longest], missing=missing,

@@ -1,7 +1,7 @@
 """The Transformer-XL paper's Table 6 at small scale: every position scheme × {memory, no memory},
 over seeds.
 
-    .venv/bin/python -m bench.ablation [--steps 500] [--schemes txl,shaw,...] [--seeds 0,1,2]
+    .venv/bin/python -m experiments.ablation [--steps 500] [--schemes txl,shaw,...] [--seeds 0,1,2]
         [--mem-len 128] [--set model.n_layers=12 ...]   # any config override, applied to every run
         [--dry-run]                                     # list the runs' command lines, run nothing
 
@@ -25,13 +25,10 @@ import pathlib
 import sys
 
 from bench import args as options
-from bench import sweep
-from bench.measure import ROOT
-from relpos_jax.config import POSITIONS, load_config
+from experiments import sweep
+from experiments.common import config_file, config_for, overrides, run_name
+from relpos_jax.config import POSITIONS
 
-# The schemes that encode positions; the ablation compares them and "none" (NoPE), the baseline
-# without any.
-SCHEMES = tuple(p for p in POSITIONS if p != "none")
 PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parameters, length 128
     ("txl", True): "27.02",
     ("shaw", True): "27.94",
@@ -40,20 +37,6 @@ PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parame
     ("sinusoid", False): "30.97 (Vaswani et al., half loss)",
     ("learned", False): "31.16 (Al-Rfou et al., half loss)",
 }
-
-
-def config_file(scheme: str) -> str:
-    return "configs/txl_small.py" if scheme == "txl" else f"configs/{scheme}_small.py"
-
-
-def overrides(mem_len: int, seed: int, sets=()) -> list[str]:
-    """The config overrides of one run (``--set`` ones last, so that they win)."""
-    return [f"model.mem_len={mem_len}", f"train.seed={seed}", *sets]
-
-
-def config_for(scheme: str, mem_len: int, seed: int, sets=()):
-    """The ConfigDict of one run, as its ``train.py`` flags build it (for in-process evaluation)."""
-    return load_config(ROOT / config_file(scheme), overrides(mem_len, seed, sets))
 
 
 def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
@@ -129,11 +112,6 @@ def render(results: dict) -> str:
         "",
     ]
     return "\n".join(lines + _growth(results))
-
-
-def run_name(scheme: str, mem_len: int, seed: int) -> str:
-    """A run's name, and its folder's under ``--runs``."""
-    return f"{scheme}_mem{mem_len}_seed{seed}"
 
 
 def _name(run: dict) -> str:
@@ -243,7 +221,7 @@ def main() -> None:
     )  # fmt: skip
     sweep.add_options(parser)
     options.add_runs(parser, "runs/ablation")
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     options.add_overrides(parser)
     args = parser.parse_args()
     out = pathlib.Path(args.out)
@@ -258,7 +236,7 @@ def main() -> None:
     runs, evaluated, missing = finished
     results = {
         "settings": sweep.settings(
-            ["bench.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
+            ["experiments.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
             seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
             eval_every=args.eval_every, eval_tokens=_eval_tokens(args), missing=missing,
         ),

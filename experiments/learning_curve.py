@@ -1,6 +1,6 @@
 """A run's learning curve as a markdown table and a PNG, from its ``metrics.jsonl``.
 
-.venv/bin/python -m bench.learning_curve runs/txl_small docs/results/txl_small_curve.png
+.venv/bin/python -m experiments.learning_curve runs/txl_small docs/results/txl_small_curve.png
 """
 
 from __future__ import annotations

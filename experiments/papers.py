@@ -1,7 +1,7 @@
 """This project against the papers, claim by claim: rendered from the sweeps' JSONs in
 ``docs/results`` and the published figures below (``../shared/REFERENCES.md`` holds their sources).
 
-    .venv/bin/python -m bench.papers [--results docs/results] [--out docs/results]
+    .venv/bin/python -m experiments.papers [--results docs/results] [--out docs/results]
 
 Each claim a paper makes is checked on this project's runs of the same comparison, and judged:
 
@@ -29,8 +29,8 @@ import subprocess
 from collections.abc import Callable
 
 from bench import args as options
-from bench import sweep
 from bench.measure import ROOT
+from experiments import sweep
 
 # What changed a measurement's meaning since: a JSON measured at a commit that does not contain
 # ``commit`` measured the former version.
@@ -148,7 +148,7 @@ def _extrapolation(longer: tuple[str, int], shorter: tuple[str, int], changes=()
 def _recl(results: dict, contains) -> Verdict:
     r = results.get("recl.json")
     if r is None:
-        return Verdict("not comparable", "not measured", "bench.recl has not run")
+        return Verdict("not comparable", "not measured", "experiments.recl has not run")
     group = {("txl", True), ("shaw", True), ("txl", False), ("sinusoid", False)}  # Table 8's
     by_label: dict[str, list[float]] = {}
     for run in r["runs"]:
@@ -232,7 +232,7 @@ CLAIMS = (
         "PI (Chen et al. 2023), Table 1",
         "a short fine-tune with interpolated positions makes the longer window useful",
         "LLaMA 7B 2,048 → 8,192 after 1,000 steps: ppl falls with the window",
-        _untested("bench.extrapolation --pi-steps has not run yet"),
+        _untested("experiments.extrapolation --pi-steps has not run yet"),
     ),
     Claim(
         "YaRN, Table 1",
@@ -267,7 +267,7 @@ def render(results: dict, contains=contains) -> str:
     lines = [
         "# This project against the papers",
         "",
-        "Command: `python -m bench.papers`, from the sweeps' JSONs beside this file. Each claim is "
+        "Command: `python -m experiments.papers`, from the sweeps' JSONs beside this file. Each claim is "
         "judged on this project's runs of the same comparison: agrees / disagrees where the runs "
         "order the two sides by the sweeps' rule (twice the larger seed spread, or a bootstrap "
         "interval where runs kept windows), not resolved where they do not separate them, not "
@@ -314,7 +314,7 @@ def gather(results_dir: pathlib.Path) -> dict:
 def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--results", default=str(ROOT / "docs" / "results"))
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     args = parser.parse_args()
     table = render(gather(pathlib.Path(args.results)))
     out = pathlib.Path(args.out)

@@ -1,15 +1,15 @@
 """Relative effective context length (Transformer-XL §4.3, appendix C) of a group of trained runs.
 
-    .venv/bin/python -m bench.recl --ablation --runs runs/ablation --mem-len 64 --seeds 0,1,2 \\
-        --set model.n_layers=4 ...        # the paper's group, from bench.ablation's runs
-    .venv/bin/python -m bench.recl --ablation txl:M,shaw:M,t5:M,txl:0 ...   # another group
-    .venv/bin/python -m bench.recl --run "txl, memory 128" runs/cmp2k_mem128 128 \\
+    .venv/bin/python -m experiments.recl --ablation --runs runs/ablation --mem-len 64 --seeds 0,1,2 \\
+        --set model.n_layers=4 ...        # the paper's group, from experiments.ablation's runs
+    .venv/bin/python -m experiments.recl --ablation txl:M,shaw:M,t5:M,txl:0 ...   # another group
+    .venv/bin/python -m experiments.recl --run "txl, memory 128" runs/cmp2k_mem128 128 \\
         --run "txl, memory 0" runs/cmp2k_mem0 0 [--config configs/txl_small.py]
 
 RECL is a property of a model within its group (the baseline is the group's best loss per token).
 ``--ablation`` takes the group as ``scheme:memory`` items, memory ``M`` (``--mem-len``) or a number;
 the default, ``paper``, is Table 8's group: ``txl:M,shaw:M,txl:0,sinusoid:0`` (Transformer-XL,
-with Shaw et al.'s encoding, without recurrence, and a vanilla Transformer), bench.ablation's runs
+with Shaw et al.'s encoding, without recurrence, and a vanilla Transformer), experiments.ablation's runs
 ``{scheme}_mem{memory}_seed{seed}``, each seed its own group; a bare scheme means both of its runs
 (``txl`` = ``txl:M,txl:0``). ``--run LABEL WORKDIR MEM_LEN`` groups take runs trained with memory
 MEM_LEN.
@@ -39,9 +39,9 @@ import sys
 from typing import NamedTuple
 
 from bench import args as options
-from bench import sweep
-from bench.ablation import config_for, run_name
 from bench.measure import ROOT
+from experiments import sweep
+from experiments.common import config_for, run_name
 from relpos_jax.analysis.context_losses import MEMORY, scoring_for
 from relpos_jax.config import POSITIONS, load_config
 
@@ -75,13 +75,13 @@ def parse_group(text: str, mem_len: int) -> list[tuple[str, int]]:
         scheme, _, memory = item.strip().partition(":")
         if scheme not in POSITIONS or (memory and memory != "M" and not memory.isdigit()):
             raise ValueError(
-                f"bench.recl: {item!r} in --ablation {text!r} is invalid; use scheme:M, "
+                f"experiments.recl: {item!r} in --ablation {text!r} is invalid; use scheme:M, "
                 f"scheme:<memory> or a bare scheme, schemes from {','.join(POSITIONS)}"
             )
         memories = [mem_len, 0] if not memory else [mem_len if memory == "M" else int(memory)]
         for m in memories:
             if (scheme, m) in members:
-                raise ValueError(f"bench.recl: --ablation {text!r} names {scheme}:{m} twice")
+                raise ValueError(f"experiments.recl: --ablation {text!r} names {scheme}:{m} twice")
             members.append((scheme, m))
     return members
 
@@ -186,7 +186,7 @@ def dry_run(groups: dict, results: dict, earlier: dict | None, args) -> str:
             if not ready and member.scheme is not None:
                 untrained.append(member.scheme)
     if untrained:
-        command = ["python", "-m", "bench.ablation", "--schemes", ",".join(dict.fromkeys(untrained)),
+        command = ["python", "-m", "experiments.ablation", "--schemes", ",".join(dict.fromkeys(untrained)),
                    "--mem-len", str(args.mem_len), "--seeds", ",".join(map(str, args.seeds)),
                    "--runs", str(args.runs), *(f"--set={s}" for s in args.set)]  # fmt: skip
         lines.append(f"train the missing runs first: {shlex.join(command)}")
@@ -310,7 +310,7 @@ def render_earlier(results: dict) -> str:
         "paper's: the group is every run listed (an oracle baseline, not Table 8's group), the "
         "contexts double instead of stepping by a fixed Δ, every model is scored with memory = c "
         "(same_length) whether or not it was trained with memory, and there are no intervals; "
-        "`python -m bench.recl --ablation` measures the paper's protocol.",
+        "`python -m experiments.recl --ablation` measures the paper's protocol.",
         "",
         f"The same {s['tokens']:,} test tokens "
         f"for every model and context, segments of {s['segment']}, the memory length as the context "
@@ -359,7 +359,7 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--config", default="configs/txl_small.py", help="with --run")
     parser.add_argument(
         "--ablation", nargs="?", const="paper", metavar="GROUP",
-        help=f"bench.ablation's runs as a group: paper ({PAPER_GROUP}, the default) or "
+        help=f"experiments.ablation's runs as a group: paper ({PAPER_GROUP}, the default) or "
         "scheme:memory items, memory M (--mem-len) or a number; a bare scheme: both its runs",
     )  # fmt: skip
     parser.add_argument("--first", type=int, default=0, help="the shortest context c")
@@ -375,7 +375,7 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--mem-len", type=int, default=128, help="M, with --ablation")
     options.add_overrides(parser, help="with --ablation, as its runs had")
     parser.add_argument("--dry-run", action="store_true", help="list the groups, measure nothing")
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     args = parser.parse_args(argv)
     try:
         args.contexts = fixed_grid(args.delta, args.longest, args.first)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = groups_of(args)
     results = {
         "settings": sweep.settings(
-            ["bench.recl", *(sys.argv[1:] if argv is None else argv)], tokens=args.tokens,
+            ["experiments.recl", *(sys.argv[1:] if argv is None else argv)], tokens=args.tokens,
             segment=args.segment,
             group=",".join(f"{s}:{m}" for s, m in args.group) if args.ablation else None,
         ),

@@ -1,20 +1,20 @@
 """One table of every position scheme with memory and without, gathered from the sweeps' JSONs.
 
-    .venv/bin/python -m bench.leaderboard [--results docs/results] [--out docs/results]
+    .venv/bin/python -m experiments.leaderboard [--results docs/results] [--out docs/results]
 
 Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--out``, a row for each
 scheme × memory and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
 mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
 from ``ablation_windows.npz``; ``sweep.Compare``):
 
-- test bpc: ``bench.ablation`` (``ablation.json``), memory as trained;
-- bpc at 4× and 16× the training length: ``bench.extrapolation`` (``extrapolation.json``), models
+- test bpc: ``experiments.ablation`` (``ablation.json``), memory as trained;
+- bpc at 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``), models
   trained without memory, so on the rows without memory; the ``sized`` variant where the sweep has
   it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
-- RECL (r = 0.1): ``bench.recl --ablation`` (``recl.json``), within the group that sweep measured
+- RECL (r = 0.1): ``experiments.recl --ablation`` (``recl.json``), within the group that sweep measured
   (Dai et al.'s four by default; every scheme's runs in a JSON of the earlier protocol), "≥" where
   a seed still gained at the longest context measured (a lower bound);
-- needle accuracy: ``bench.probes`` (``probe_needle.json``), mean over the distances the probe
+- needle accuracy: ``experiments.probes`` (``probe_needle.json``), mean over the distances the probe
   trains on (over every distance scored, for a JSON that predates that record); the rows with
   memory from its ``memory`` condition, those without from ``in_segment``.
 
@@ -30,7 +30,7 @@ import pathlib
 import statistics
 
 from bench import args as options
-from bench import probes, sweep
+from experiments import probes, sweep
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
@@ -145,7 +145,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
     lines = [
         "# Leaderboard: every position scheme, with memory and without",
         "",
-        "Gathered by `python -m bench.leaderboard` from the sweeps' JSONs in this folder; mean ± "
+        "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
         "and accuracy. Bpc at 4× and 16× the training length is measured on models trained "
         "without memory. The settings of each measure (sizes, steps, memory) are in its table."
@@ -191,7 +191,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
 
 def _one_set(sources: dict[str, dict]) -> str:
     """Whether the model columns come from one set of models: the ablation's runs, scored for
-    extrapolation (``bench.extrapolation --models ablation``) and RECL (``bench.recl --ablation``)
+    extrapolation (``experiments.extrapolation --models ablation``) and RECL (``experiments.recl --ablation``)
     with its steps and overrides."""
     ablation = sources.get("ablation.json")
     if ablation is None:
@@ -222,7 +222,7 @@ def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--results", default=str(pathlib.Path(options.ROOT) / "docs" / "results"),
                         help="where the sweeps' JSONs are")  # fmt: skip
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     args = parser.parse_args()
     text = render(*gather(pathlib.Path(args.results)))
     (pathlib.Path(args.out) / "README.md").write_text(text)

@@ -1,14 +1,14 @@
 """Equal steps, sizes, data and schedule: relpos_jax against x-transformers, with memory and
 without, over seeds.
 
-    python -m bench.compare_training [--schemes alibi,t5,rope] [--mem-len 64] [--seeds 0,1]
+    python -m experiments.compare_training [--schemes alibi,t5,rope] [--mem-len 64] [--seeds 0,1]
         [--steps 600] [--set model.n_layers=4 ...] [--dry-run] [--finished-only]
 
 For each scheme, memory (``--mem-len`` and 0) and seed, two runs:
 
 * relpos_jax: one ``train.py`` and one ``eval.py`` command line (``configs/<scheme>_small.py``,
-  ``txl_small.py`` for txl, then ``--set``), as every sweep (``bench.sweep``);
-* x-transformers (CPU PyTorch, the ``bench`` extra): ``python -m bench.compare_training --peer
+  ``txl_small.py`` for txl, then ``--set``), as every sweep (``experiments.sweep``);
+* x-transformers (CPU PyTorch, the ``bench`` extra): ``python -m experiments.compare_training --peer
   SCHEME:MEMORY:SEED`` with the same flags, built from the same config: its ALiBi
   (``alibi_pos_bias``), T5 bias (``rel_pos_bias``) or rotary embeddings (on half of each head's
   dimensions, its default, where ours turn all of them), a ReLU feed-forward layer (as ours; its
@@ -36,11 +36,15 @@ import sys
 import time
 
 from bench import args as options
-from bench import sweep
-from bench.ablation import config_file, overrides
 from bench.measure import ROOT
-
-PEER_SCHEMES = ("alibi", "t5", "rope")  # what x-transformers offers of ours
+from experiments import sweep
+from experiments.common import (
+    X_TRANSFORMERS_SAME,
+    config_file,
+    overrides,
+    run_name,
+    x_transformers_options,
+)
 
 
 def _config(scheme: str, mem_len: int, seed: int, sets, steps: int):
@@ -61,12 +65,7 @@ def run_peer(scheme: str, mem_len: int, seed: int, sets, steps: int) -> dict:
     cfg = _config(scheme, mem_len, seed, sets, steps)
     m, d, t = cfg.model, cfg.data, cfg.train
     torch.manual_seed(seed)
-    position = {
-        "alibi": {"alibi_pos_bias": True},
-        "t5": {"rel_pos_bias": True, "rel_pos_num_buckets": m.t5.num_buckets,
-               "rel_pos_max_distance": m.t5.max_distance},
-        "rope": {"rotary_pos_emb": True},
-    }[scheme]  # fmt: skip
+    position = x_transformers_options(scheme, t5=m.t5)
     model = TransformerWrapper(
         num_tokens=m.vocab_size, max_seq_len=d.segment_len, max_mem_len=mem_len,
         tie_embedding=m.tie_embeddings, use_abs_pos_emb=False,
@@ -124,7 +123,7 @@ def _peer_file(runs: pathlib.Path, scheme: str, mem_len: int, seed: int) -> path
 def _peer_command(args, key: str) -> str:
     flags = ["--steps", str(args.steps), "--runs", str(args.runs), "--peer", key]
     sets = [f"--set={s}" for s in args.set]
-    return shlex.join(["python", "-m", "bench.compare_training", *flags, *sets])
+    return shlex.join(["python", "-m", "experiments.compare_training", *flags, *sets])
 
 
 def render(results: dict) -> str:
@@ -166,13 +165,13 @@ def render(results: dict) -> str:
 def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=600)
-    options.add_schemes(parser, PEER_SCHEMES)
+    options.add_schemes(parser, X_TRANSFORMERS_SAME)
     parser.add_argument("--seeds", type=options.ints, default="0,1", help="train.seed values")
     parser.add_argument("--mem-len", type=int, default=64, help="the memory runs' mem_len")
     parser.add_argument("--peer", help="SCHEME:MEMORY:SEED: run that x-transformers run only")
     sweep.add_options(parser)
     options.add_runs(parser, "runs/compare_training")
-    options.add_out(parser)
+    options.add_out(parser, "docs/results")
     options.add_overrides(parser)
     args = parser.parse_args()
     runs_dir = pathlib.Path(args.runs)
@@ -184,8 +183,7 @@ def main() -> None:
     keys = [(s, m, seed) for s in args.schemes for m in (args.mem_len, 0) for seed in args.seeds]
     ours = {
         key: sweep.Run(
-            name=f"{key[0]}_mem{key[1]}_seed{key[2]}", workdir=runs_dir / f"{key[0]}_mem{key[1]}"
-            f"_seed{key[2]}", config=config_file(key[0]),
+            name=run_name(*key), workdir=runs_dir / run_name(*key), config=config_file(key[0]),
             settings=(f"train.steps={args.steps}", *overrides(key[1], key[2], args.set)),
         )
         for key in keys
@@ -215,7 +213,7 @@ def main() -> None:
                      "seed": seed, "test_bpc": json.loads(path.read_text())["test_bpc"]})  # fmt: skip
     results = {
         "settings": sweep.settings(
-            ["bench.compare_training", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
+            ["experiments.compare_training", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
             seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
             missing=missing,
         ),
