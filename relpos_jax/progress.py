@@ -1,6 +1,7 @@
 """What a training run reports as it goes: a progress bar on a terminal (or, in a log file, one
 plain line a log step), ``metrics.jsonl`` and TensorBoard (``MetricsWriter``), and the tokens a
-second over the steps since the last report (the first, compiling step left out)."""
+second over the steps since the last report (the first, compiling step left out). A context
+manager: the bar and the files close however the run ends."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import sys
 import time
 from typing import Any
 
+import jax
+import numpy as np
 from tqdm import tqdm
 
 from relpos_jax.metrics import BITS_PER_NAT, MetricsWriter, read_metrics
+
+
+def scalar(x: jax.Array) -> float:
+    """A replicated scalar as a float, also when the array spans several processes."""
+    return float(np.asarray(x.addressable_data(0)))
 
 
 def last_logged(workdir: pathlib.Path, key: str) -> float | None:
@@ -32,17 +40,37 @@ class Progress:
         self.bar = tqdm(total=steps, initial=initial, disable=not enabled or not self.interactive,
                         unit="step", dynamic_ncols=True, desc="train")  # fmt: skip
         self.last: dict[str, float] = {}  # the newest training metrics logged
+        self.compiled = False  # whether this run's first step (its compile) is behind it
         self.restart()
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+        self.writer.close()
+
+    def seconds(self) -> float:
+        """Since the run started, its compile included."""
+        return time.perf_counter() - self.started
 
     def restart(self) -> None:
         """Measure throughput from here (after a compile, a log line or a validation)."""
         self.window_start, self.window_steps = time.perf_counter(), 0
 
-    def stepped(self) -> None:
+    def stepped(self, metrics: dict[str, jax.Array]) -> None:
+        """One step more; the first of a run compiled, so throughput is measured from its end."""
         self.window_steps += 1
         self.bar.update(1)
+        if not self.compiled:
+            jax.block_until_ready(metrics["loss"])
+            self.compiled = True
+            self.restart()
 
-    def log(self, step: int, loss: float, grad_norm: float, skipped: int) -> None:
+    def log(self, step: int, metrics: dict[str, jax.Array]) -> None:
+        loss, grad_norm = scalar(metrics["loss"]), scalar(metrics["grad_norm"])
+        skipped = int(scalar(metrics["skipped"]))
         elapsed = time.perf_counter() - self.window_start
         self.last = {
             "train/loss": loss,

@@ -3,7 +3,9 @@
 Each step takes the next ``[B, T]`` segment of every row's stream, so the memory the model carries
 (``Memory``, explicit state) holds the text right before it. Orbax checkpoints (parameters,
 optimizer, memory, data iterator, step) every ``ckpt_every`` steps; a work directory that holds one
-resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard.
+resumes from it. Metrics go to ``metrics.jsonl`` and TensorBoard (``progress``). ``Trainer._run``
+is the loop: the step, then the work that falls on it, each piece in ``train_hooks`` (``Schedule``,
+``EarlyStop``, ``FiniteCheck``) or a method here.
 """
 
 from __future__ import annotations
@@ -11,13 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import pathlib
-import signal
-import threading
-import time
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils  # no stable replacement yet
 
@@ -29,49 +27,11 @@ from relpos_jax.errors import accelerator_error
 from relpos_jax.evaluate import EvalSettings, evaluate_split
 from relpos_jax.memory import init_mems
 from relpos_jax.model import TransformerLM
-from relpos_jax.progress import Progress, last_logged
+from relpos_jax.progress import Progress, last_logged, scalar
+from relpos_jax.train_hooks import EarlyStop, FiniteCheck, NonFiniteLoss, Schedule
 from relpos_jax.train_step import jitted_train_step
 
-
-def _scalar(x: jax.Array) -> float:
-    """A replicated scalar as a float, also when the array spans several processes."""
-    return float(np.asarray(x.addressable_data(0)))
-
-
-class NonFiniteLoss(FloatingPointError):
-    """A NaN/Inf loss or gradient; the message names the step, the quantity, the kept checkpoint."""
-
-
-class _StopSignals:
-    """Notes SIGTERM / SIGINT instead of dying mid-step; restores the old handlers on exit."""
-
-    def __init__(self):
-        self.name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._note)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _note(self, signum, frame) -> None:
-        self.name = signal.Signals(signum).name
-
-    def received(self, *, every: int, step: int) -> bool:
-        """Whether to stop now. With several processes they agree, at log steps, to stop together."""
-        if jax.process_count() == 1:
-            return self.name is not None
-        if step % every:
-            return False
-        flags = multihost_utils.process_allgather(np.array(self.name is not None))
-        if flags.any() and self.name is None:
-            self.name = "SIGTERM (another process)"
-        return bool(flags.any())
+__all__ = ["NonFiniteLoss", "Trainer"]
 
 
 class Trainer:
@@ -120,9 +80,7 @@ class Trainer:
         )
         self.resumed_from = self._restore()
         self.stopped_by: str | None = None
-        self._bad_in_a_row = 0  # consecutive non-finite steps (train.skip_nonfinite)
-        # (step, metrics) of the newest step: checked for finiteness once the next is queued
-        self._unchecked = None
+        self.finite = FiniteCheck(cfg.train, self.checkpointer, self.workdir / "checkpoints")
 
     def _sharded_state(self):
         """Abstract shapes first, then a jitted init whose outputs are born sharded."""
@@ -171,40 +129,7 @@ class Trainer:
     def skipped_steps(self) -> int:
         """Steps whose loss or gradient was NaN/Inf and that changed nothing (all runs)."""
         _, optimizer = nnx.merge(self.graphdef, self.state)
-        return int(_scalar(optimizer.opt_state.total_notfinite[...]))
-
-    def _check_finite(self, step: int, metrics: dict[str, jax.Array], bar) -> None:
-        """Stop (or, with train.skip_nonfinite, count) a step with a NaN/Inf loss or gradient."""
-        if bool(_scalar(metrics["finite"])):
-            self._bad_in_a_row = 0
-            return
-        cfg = self.config.train
-        self.checkpointer.wait()  # a save still being written is finished before the run ends
-        loss, norm = _scalar(metrics["loss"]), _scalar(metrics["grad_norm"])
-        quantity = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {norm}"
-        kept = (
-            f"the last good checkpoint (step {self.checkpointer.latest_step()}) is kept in "
-            f"{self.workdir / 'checkpoints'}"
-        )
-        if not cfg.skip_nonfinite:
-            bar.close()
-            raise NonFiniteLoss(
-                f"train: the {quantity} at step {step}; the step was not applied and {kept}; "
-                "lower train.lr, raise train.warmup_steps, or set train.skip_nonfinite=True "
-                "to skip such steps"
-            )
-        self._bad_in_a_row += 1
-        bar.write(
-            f"step {step}: the {quantity}; skipped it (parameters and optimizer unchanged, memory "
-            f"reset), {int(_scalar(metrics['skipped']))} skipped in all"
-        )
-        if self._bad_in_a_row >= cfg.max_consecutive_skips:
-            bar.close()
-            raise NonFiniteLoss(
-                f"train: the {quantity} at step {step}, non-finite for {self._bad_in_a_row} "
-                f"steps in a row (train.max_consecutive_skips); {kept}; lower train.lr or raise "
-                "train.warmup_steps"
-            )
+        return int(scalar(optimizer.opt_state.total_notfinite[...]))
 
     def current_model(self) -> TransformerLM:
         model, _ = nnx.merge(self.graphdef, self.state)
@@ -227,8 +152,9 @@ class Trainer:
         loss of unsaved steps) or after SIGTERM / SIGINT (preemption): the signal is noted and the run
         stops at the next step boundary, so the same command resumes exactly where it stopped.
         """
-        with _StopSignals() as signals, self.device_failures():
-            return self._run(stop_after, signals)
+        early = EarlyStop(stop_after, every=self.config.train.log_every)
+        with early, self.device_failures(), self._progress() as progress:
+            return self._run(early, progress)
 
     @contextlib.contextmanager
     def device_failures(self):
@@ -242,87 +168,69 @@ class Trainer:
                 raise
             raise explained from error
 
-    def _run(self, stop_after: int | None, signals: _StopSignals) -> dict[str, Any] | None:
-        cfg = self.config.train
+    def _progress(self) -> Progress:
         tokens_per_step = self.config.data.batch_size * self.config.data.segment_len
-        progress = Progress(self.workdir, steps=cfg.steps, initial=self.step,
-                            tokens_per_step=tokens_per_step, enabled=self.is_main)  # fmt: skip
-        run_start, first_step = time.perf_counter(), self.step
-        while self.step < cfg.steps:
-            if stop_after is not None and self.step >= stop_after:
-                return self._stop(progress, f"stop_after={stop_after}")
-            if signals.received(every=cfg.log_every, step=self.step):
-                return self._stop(progress, signals.name)
-            metrics = self._step(progress.bar)
-            progress.stepped()
-            if self.step == first_step + 1:  # the first step compiled: time from here on
-                jax.block_until_ready(metrics["loss"])
-                progress.restart()
-            self._periodic(progress, metrics)
-        return self._finish(progress, run_start)
+        return Progress(self.workdir, steps=self.config.train.steps, initial=self.step,
+                        tokens_per_step=tokens_per_step, enabled=self.is_main)  # fmt: skip
 
-    def _step(self, bar) -> dict[str, jax.Array]:
-        """One training step; the previous one's finiteness checked once this one is queued."""
+    def _run(self, early: EarlyStop, progress: Progress) -> dict[str, Any] | None:
+        cfg = self.config.train
+        when = Schedule(cfg)
+        while self.step < cfg.steps:
+            if reason := early.reason(self.step):
+                return self._stop(progress, reason)
+            metrics = self._step()
+            progress.stepped(metrics)
+            if when.any(self.step):
+                self.finite.settle()  # nothing logs, validates or saves a non-finite step's state
+            if when.log(self.step):
+                progress.log(self.step, metrics)
+            if when.validate(self.step):
+                progress.validated(self.step, self.validate(cfg.eval_tokens))
+            if when.save(self.step):
+                self.save()
+        return self._finish(progress)
+
+    def _step(self) -> dict[str, jax.Array]:
+        """One training step, queued on the device; the previous one is checked for NaN/Inf now,
+        done by then, as this one needed its state."""
         batch = sharding.global_batch(next(self.iterator), self.mesh)
         self.state, self.mems, metrics = self._train_step(self.state, batch, self.mems)
         self.step += 1
-        self._settle(bar)  # the previous step: done by now, as the new one needed its state
-        self._unchecked = (self.step, metrics)
+        self.finite.queue(self.step, metrics)
         return metrics
-
-    def _settle(self, bar) -> None:
-        """Check the newest step's finiteness: before any checkpoint, evaluation or log."""
-        if self._unchecked is not None:
-            self._check_finite(*self._unchecked, bar)
-            self._unchecked = None
-
-    def _periodic(self, progress: Progress, metrics: dict[str, jax.Array]) -> None:
-        """The log line, the validation and the checkpoint that fall on this step."""
-        cfg = self.config.train
-        log_now = self.step % cfg.log_every == 0 or self.step == cfg.steps
-        eval_now = cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps
-        save_now = cfg.ckpt_every and self.step % cfg.ckpt_every == 0
-        if log_now or eval_now or save_now:
-            self._settle(progress.bar)
-        if log_now:
-            progress.log(self.step, _scalar(metrics["loss"]), _scalar(metrics["grad_norm"]),
-                         int(_scalar(metrics["skipped"])))  # fmt: skip
-        if eval_now:
-            progress.validated(self.step, self.validate(cfg.eval_tokens))
-        if save_now:
-            self.save()
 
     def _stop(self, progress: Progress, reason: str) -> None:
         """End early with a checkpoint (``stop_after``, SIGTERM or SIGINT): the same command
         resumes here."""
-        self._settle(progress.bar)
+        self.finite.settle()
         progress.bar.close()
         self.save()
         self.checkpointer.wait()
-        progress.writer.close()
         self.stopped_by = reason
 
-    def _finish(self, progress: Progress, run_start: float) -> dict[str, Any]:
+    def _finish(self, progress: Progress) -> dict[str, Any]:
         """The last checkpoint and the validation of the whole split: the run's summary."""
-        self._settle(progress.bar)
+        self.finite.settle()
         progress.bar.close()
         if self.checkpointer.latest_step() != self.step:
             self.save()
         self.checkpointer.wait()
         valid = self.validate(None)
         progress.validated(self.step, valid, say=False)
-        progress.writer.close()
-        summary = {
+        summary = self._summary(progress, valid)
+        self.checkpointer.close()
+        return summary
+
+    def _summary(self, progress: Progress, valid: dict[str, Any]) -> dict[str, Any]:
+        params = jax.tree.leaves(nnx.state(self.current_model(), nnx.Param))
+        return {
             "step": self.step,
             "valid_bpc": valid["bpc"],
             "valid_ppl": valid["ppl"],
             "valid_tokens": valid["tokens"],
             "train_bpc": progress.last.get("train/bpc", last_logged(self.workdir, "train/bpc")),
-            "seconds": time.perf_counter() - run_start,
+            "seconds": progress.seconds(),
             "skipped_steps": self.skipped_steps(),
-            "parameters": sum(
-                x.size for x in jax.tree.leaves(nnx.state(self.current_model(), nnx.Param))
-            ),
+            "parameters": sum(x.size for x in params),
         }
-        self.checkpointer.close()
-        return summary
