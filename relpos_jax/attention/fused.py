@@ -185,7 +185,7 @@ def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: floa
     valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k_BKNH.shape[1], bool)
     backend = kernel.backend_of()
     options = dict(
-        scale=attention.scale, max_distance=attention._max_distance(ctx), dropatt=rate,
+        scale=attention.scale, max_distance=attention.max_distance(ctx), dropatt=rate,
         block=block(attention.config), backend=backend or INTERPRET_BACKEND,
         interpret=backend is None, fire_hidden=terms.pop("fire_hidden", 0),
     )  # fmt: skip
