@@ -73,8 +73,8 @@ $(CUBIN_STAMP): pyproject.toml constraints.txt
 	rm -f $(CUBIN_VENV)/.installed-* && touch $@
 
 # Runs every notebook top to bottom and keeps its outputs in the .ipynb (the committed ones come from
-# here): with the sweeps' checkpoints in runs/ where present (python -m bench.ablation, bench.extrapolation),
-# else small models trained on the spot. Needs the notebooks extra (a kernel and nbclient).
+# here): with the sweeps' checkpoints in runs/ where present (python -m experiments.ablation,
+# experiments.extrapolation), else small models trained on the spot. Needs the notebooks extra (a kernel and nbclient).
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,notebooks]"
 	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace --timeout=3600 *.ipynb

@@ -4,7 +4,7 @@ Segments of 16 bytes and 48 memory slots, so almost every needle lies beyond the
 can reach it, and with ``mem_len=0`` accuracy beyond the segment stays at chance (1 digit in 10). The
 question mark and the digits occur nowhere else, so one attention hop by content answers it; because
 the distance varies, a fixed-offset head cannot. A 2-layer Transformer-XL can learn it in 2,000
-steps (minutes on a 2-core CPU), though not with every seed. ``python -m bench.probes`` trains every
+steps (minutes on a 2-core CPU), though not with every seed. ``python -m experiments.probes`` trains every
 scheme with this memory and with the key inside the segment, over seeds, and plots accuracy against
 distance.
 """

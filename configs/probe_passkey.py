@@ -2,7 +2,7 @@
 
 The answer lies beyond the segment, so only memory can reach it: ``mem_len=0`` stays at chance
 (1 digit in 10). A 2-layer Transformer-XL (two layers make induction-style copying possible) that
-trains in a few minutes on a 2-core CPU. ``python -m bench.probes`` trains it with and without memory and
+trains in a few minutes on a 2-core CPU. ``python -m experiments.probes`` trains it with and without memory and
 plots accuracy against distance.
 """
 

@@ -5,7 +5,7 @@ trained it on TPUs; 0.99 bpc, 277M parameters, in the paper's Table 2).
 mem_len 768, train_batch_size 64, 400k steps of Adam 2.5e-4 after 4,000 warm-up steps, cosine to 0,
 clip 0.25. Test evaluation: segment 128, memory 3,800, clamp_len 1,000, same_length, batch 16. Needs
 enwik8: ``--config.data.path=/path/to/enwik8.zip``. Which TPU slices it fits, with which mesh:
-``docs/results/aot.md`` (``python -m bench.aot``).
+``docs/benchmarks/aot.md`` (``python -m bench.aot``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def test_the_readme_is_a_front_door():
 
 
 def test_every_link_of_the_readme_and_the_docs_resolves():
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
             if not target.startswith("http"):
                 assert (page.parent / target).exists(), f"{page.name}: {target}"
