@@ -9,9 +9,12 @@ path and shape): a mismatch is the user's to fix and ends in one line naming the
 that cannot be read (truncated, corrupt, half-deleted) is reported, moved to ``corrupt/`` next to the
 checkpoints folder (nothing is deleted), and the one before it is used.
 
-A checkpoint of a model that held its layers one by one (``blocks/3/attention/w_q``, written before
-the layers became one scan over stacked parameters) is read as it was written and stacked
-(``layers.stack_layer_paths``): it resumes and evaluates as it did; the next save is stacked.
+A checkpoint in an older layout is read as it was written and laid out as today's model: layers one
+by one (``blocks/3/attention/w_q``, written before the layers became one scan over stacked
+parameters) are stacked (``layers.stack_layer_paths``), and a scheme's parameters held on the
+attention or the model itself (``attention/w_r``, ``u``: before they were its child ``position``)
+are read under their paths (``layers.positioned_paths``). It resumes and evaluates as it did; the
+next save is in today's layout.
 """
 
 from __future__ import annotations
@@ -88,6 +91,12 @@ def _former_names(field: str) -> list[str]:
     return [field, *(old for old, new in schemes.renamed_fields().items() if new == field)]
 
 
+def _today(saved: dict[str, Any], state: Any, stack: Any = np.stack) -> dict[str, Any]:
+    """A checkpoint's arrays (or shapes, with ``stack=layers.stacked_shape``) by path, under the
+    paths of today's ``state``: layers stacked, a scheme's parameters in ``position``."""
+    return layers.positioned_paths(layers.stack_layer_paths(saved, stack), _shapes(state))
+
+
 def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
     """What a checkpoint's config held for a field; for pystdlib's partition, which older
     checkpoints did not record, the one they ran with ("hash"); it means nothing for other corpora."""
@@ -155,7 +164,7 @@ class Checkpointer:
 
     def restore(self, step: int, *, state: Any, mems: Any) -> dict[str, Any]:
         """Restore into the structure (and shardings) of ``state`` and ``mems``."""
-        unrolled = self._layers_one_by_one(step)
+        unrolled = self._older_layout(step, state)
         items = dict(
             mems=ocp.args.StandardRestore(_storable(mems)),
             data=ocp.args.JsonRestore(),
@@ -165,7 +174,7 @@ class Checkpointer:
             items["state"] = ocp.args.StandardRestore(state)
         restored = dict(self.manager.restore(step, args=ocp.args.Composite(**items)))
         if unrolled:
-            restored["state"] = self._restore_stacked(step, state)
+            restored["state"] = self._restore_older(step, state)
         saved = restored["mems"]
         restored["mems"] = type(mems)(saved.get("states", mems.states), saved["valid"])
         return restored
@@ -175,8 +184,8 @@ class Checkpointer:
         needs neither the optimizer (whatever its structure), nor the memory, nor the data. The
         arrays come back with the shardings of ``state``'s, whatever devices wrote them (a run on
         one CPU device per core, read by a process with one device)."""
-        if self._layers_one_by_one(step):
-            return self._restore_stacked(step, state)
+        if self._older_layout(step, state):
+            return self._restore_older(step, state)
         reader = ocp.CheckpointManager(
             self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}
         )
@@ -190,13 +199,17 @@ class Checkpointer:
         finally:
             reader.close()
 
-    def _layers_one_by_one(self, step: int) -> bool:
-        """Whether checkpoint ``step`` names its layers one by one (``blocks/<l>/…``)."""
-        return layers.has_layer_paths(_shapes(self.manager.item_metadata(step)["state"].tree))
+    def _older_layout(self, step: int, state: Any) -> bool:
+        """Whether checkpoint ``step`` names its layers one by one (``blocks/<l>/…``) or holds a
+        scheme's parameters outside ``position`` (``_today``)."""
+        saved = _shapes(self.manager.item_metadata(step)["state"].tree)
+        return layers.has_layer_paths(saved) or set(
+            _today(saved, state, layers.stacked_shape)
+        ) != set(saved)
 
-    def _restore_stacked(self, step: int, state: Any) -> Any:
-        """The part of checkpoint ``step``'s state item that ``state`` names, from a checkpoint
-        whose layers are one by one: read as written (numpy), stacked, laid out as ``state``."""
+    def _restore_older(self, step: int, state: Any) -> Any:
+        """The part of checkpoint ``step``'s state item that ``state`` names, from a checkpoint in
+        an older layout: read as written (numpy), laid out as ``state`` (``_today``)."""
         tree = self.manager.item_metadata(step)["state"].tree
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
         reader = ocp.CheckpointManager(
@@ -208,10 +221,14 @@ class Checkpointer:
         finally:
             reader.close()
         leaves = jax.tree_util.tree_flatten_with_path(raw)[0]
-        arrays = layers.stack_layer_paths({path_string(path): a for path, a in leaves})
+        written = {path_string(path): a for path, a in leaves}
+        arrays = _today(written, state)
+        older = ["its layers one by one"] if layers.has_layer_paths(written) else []
+        if set(layers.stack_layer_paths(written)) != set(arrays):
+            older.append("its scheme's parameters outside position/")
         warn(
-            f"the checkpoint at step {step} in {self.directory} holds its layers one by one; "
-            "read them stacked (the next checkpoint is saved stacked)"
+            f"the checkpoint at step {step} in {self.directory} holds {' and '.join(older)}; "
+            "read in today's layout (the next checkpoint is saved so)"
         )
 
         def fill(path, target):
@@ -238,7 +255,7 @@ class Checkpointer:
             saved_shapes = _shapes(self.manager.item_metadata(step)["state"].tree)
         except Exception as error:  # any failure to read: unreadable
             raise _Unreadable(_first_line(error)) from error
-        saved_shapes = layers.stack_layer_paths(saved_shapes, layers.stacked_shape)
+        saved_shapes = _today(saved_shapes, state, layers.stacked_shape)
         where = f"the checkpoint at step {step} in {self.directory}"
         saved = meta.get("config", {}) if isinstance(meta.get("config"), Mapping) else {}
         for section, values in sections(config).items():

@@ -11,14 +11,16 @@ Only dropout's random counters change when a layer runs: they come out of the sc
 written back; parameters and keys are read-only inputs.
 
 Checkpoints and converters that name layers one by one (``blocks/3/attention/w_q``) are stacked by
-``stack_layer_paths``.
+``stack_layer_paths``; those that hold a scheme's parameters on the attention or the model itself
+(``attention/w_r``, before its child ``position``) are read under today's paths by
+``positioned_paths``.
 Legend: L layers, B batch, T segment, D model dim.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -113,6 +115,22 @@ def stack_layer_paths(
         if sorted(by_layer) != list(range(len(by_layer))):
             raise ValueError(f"stack_layer_paths: {name} has layers {sorted(by_layer)}")
         out[name] = stack([by_layer[i] for i in range(len(by_layer))])
+    return out
+
+
+def positioned_paths(arrays: Mapping[str, Any], targets: Iterable[str]) -> dict[str, Any]:
+    """``arrays`` of a model that held its scheme's parameters on the attention or the model
+    themselves (``…/attention/w_r``, ``u``), under the paths of ``targets`` that hold them in the
+    child ``position`` (``…/attention/position/w_r``, ``position/u``); other paths unchanged."""
+    out = dict(arrays)
+    for target in targets:
+        parts = target.split("/")
+        if "position" not in parts or target in out:
+            continue
+        at = parts.index("position")
+        former = "/".join(parts[:at] + parts[at + 1 :])
+        if former in out:
+            out[target] = out.pop(former)
     return out
 
 

@@ -81,8 +81,8 @@ class TransformerLM(nnx.Module):
                 dtype=cfg.dtype,
                 rngs=rngs,
             )
-        for name, param in schemes.get(cfg.position).shared_params(cfg, rngs).items():
-            setattr(self, name, param)
+        # the scheme's parameters shared by every layer, which its context hook reads
+        self.position = schemes.Parameters(cfg, schemes.get(cfg.position).shared_params(cfg, rngs))
         self.drop = Dropout(cfg.dropout, rngs=rngs)
         # the L layers as one Block of stacked parameters [L, ...], run by one scan
         self.blocks = layers.stack_blocks(lambda: Block(cfg, rngs=rngs), cfg.n_layers)

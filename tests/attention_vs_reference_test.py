@@ -27,8 +27,9 @@ def _layer(position, params, **overrides):
     """An attention layer of ``position`` whose parameters are the given float64 arrays."""
     cfg = ModelConfig(position=position, d_model=D, n_heads=N, d_ff=16, **overrides)
     attention = Attention(cfg, rngs=nnx.Rngs(0))
-    for name, value in params.items():
-        getattr(attention, name).set_value(jnp.asarray(value))
+    for name, value in params.items():  # the projections; the scheme's own under position
+        owner = attention if name in ("w_q", "w_kv", "w_o") else attention.position
+        getattr(owner, name).set_value(jnp.asarray(value))
     return attention
 
 

@@ -21,13 +21,13 @@ CFG = ModelConfig.from_any(dict(position="fire", d_model=16, n_heads=4, d_ff=32,
 
 def _bias(attention, q_pos, k_pos):
     tile = schemes.Tile(jnp.asarray(q_pos), jnp.asarray(k_pos), 0, 0)
-    return np.asarray(schemes.get("fire").bias(attention, tile, None), np.float64)
+    return np.asarray(schemes.get("fire").bias(attention.position, tile, None), np.float64)
 
 
 def _reference(attention, q_pos, k_pos):
     p = {
         k: np.asarray(v[...], np.float64)
-        for k, v in vars(attention).items()
+        for k, v in vars(attention.position).items()
         if k.startswith("fire_")
     }
     init_l = fire.threshold(attention.config)
@@ -45,7 +45,7 @@ def test_fire_bias_matches_its_formula_below_and_above_the_threshold():
     attention = Attention(CFG, rngs=nnx.Rngs(0))
     q_pos, k_pos = np.arange(4, 12), np.arange(0, 12)
     for threshold in (512.0, 6.0):  # every query below L; queries on both sides of L
-        attention.fire_L_multiplier.set_value(jnp.asarray(threshold / fire.threshold(CFG)))
+        attention.position.fire_L_multiplier.set_value(jnp.asarray(threshold / fire.threshold(CFG)))
         want = _reference(attention, q_pos, k_pos)
         np.testing.assert_allclose(_bias(attention, q_pos, k_pos), want, rtol=1e-5, atol=1e-6)
 
@@ -53,7 +53,7 @@ def test_fire_bias_matches_its_formula_below_and_above_the_threshold():
 def test_fire_normaliser_follows_the_query_position():
     """Past the threshold the same distance gets another bias at another query position."""
     attention = Attention(CFG, rngs=nnx.Rngs(1))
-    attention.fire_L_multiplier.set_value(jnp.asarray(4.0 / fire.threshold(CFG)))
+    attention.position.fire_L_multiplier.set_value(jnp.asarray(4.0 / fire.threshold(CFG)))
     near = _bias(attention, np.array([10]), np.array([7]))  # distance 3 at i = 10
     far = _bias(attention, np.array([1000]), np.array([997]))  # distance 3 at i = 1000
     assert np.abs(near - far).max() > 1e-4
@@ -105,7 +105,9 @@ def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
     cfg = run()
     assert cfg.model.fire.threshold == 24 + 40  # memory + segment
     model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(fire.learned_threshold(model.blocks.attention), [64.0, 64.0])
+    np.testing.assert_array_equal(
+        fire.learned_threshold(model.blocks.attention.position), [64.0, 64.0]
+    )
     # the longest query position + 1 of a training window (memory full): the threshold
     states = jnp.zeros((2, 1, 24, 16))
     ctx = model._position_context(memory_lib.Memory(states, jnp.asarray(24)), 40, 0, None, True)
@@ -113,10 +115,12 @@ def test_fire_threshold_starts_at_the_training_window_and_can_be_set():
     assert run(model=dict(mem_len=0)).model.fire.threshold == 40  # no memory: the segment
     assert run(model=dict(fire={"threshold": 100})).model.fire.threshold == 100  # set: kept
     set_model = TransformerLM(run(model=dict(fire={"threshold": 100})).model, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(fire.learned_threshold(set_model.blocks.attention), [100.0] * 2)
+    np.testing.assert_array_equal(
+        fire.learned_threshold(set_model.blocks.attention.position), [100.0] * 2
+    )
     # a model section alone (a notebook): mem_len + base.py's data.segment_len (128)
     alone = TransformerLM(dict(position="fire", d_model=16, n_heads=4, mem_len=8), rngs=nnx.Rngs(0))
-    assert float(fire.learned_threshold(alone.blocks.attention)[0]) == 8 + 128
+    assert float(fire.learned_threshold(alone.blocks.attention.position)[0]) == 8 + 128
     assert run(model=dict(position="t5")).model.fire.threshold is None  # only FIRE's own field
     with pytest.raises(ConfigError, match=r"^model\.fire\.threshold=0 is invalid"):
         run(model=dict(fire={"threshold": 0}))

@@ -26,7 +26,7 @@ FLOOR = np.float32(1e-2)
 
 def _bias(attention, q_pos, k_pos, context=None):
     tile = schemes.Tile(jnp.asarray(q_pos), jnp.asarray(k_pos), 0, 0)
-    return np.asarray(schemes.get("kerple").bias(attention, tile, context), np.float64)
+    return np.asarray(schemes.get("kerple").bias(attention.position, tile, context), np.float64)
 
 
 def _reference(r1, r2, q_pos, k_pos):
@@ -48,12 +48,12 @@ def test_kerple_bias_is_minus_r1_log_one_plus_r2_distance():
     q_pos, k_pos = np.arange(3, 9), np.arange(0, 9)
     r2 = jnp.asarray([0.5, 1e-3, 1.0, 2.0])  # 1e-3 (below the floor) reads as 1e-2
     attention = Attention(PER_LAYER, rngs=nnx.Rngs(0))  # per layer: the layer's own pair
-    attention.kerple_r2.set_value(r2)
-    want = _reference(attention.kerple_r1[...], r2, q_pos, k_pos)
+    attention.position.kerple_r2.set_value(r2)
+    want = _reference(attention.position.kerple_r1[...], r2, q_pos, k_pos)
     np.testing.assert_allclose(_bias(attention, q_pos, k_pos), want, rtol=1e-6, atol=1e-6)
     model = TransformerLM(CFG, rngs=nnx.Rngs(0))  # shared: the model's pair, through the context
-    model.kerple_r2.set_value(r2)
-    want = _reference(model.kerple_r1[...], r2, q_pos, k_pos)
+    model.position.kerple_r2.set_value(r2)
+    want = _reference(model.position.kerple_r1[...], r2, q_pos, k_pos)
     got = _bias(model.layer(0).attention, q_pos, k_pos, _context(model))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
@@ -111,8 +111,8 @@ def test_kerple_parameters_at_or_below_the_floor_still_get_a_gradient():
     model = TransformerLM(CFG, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
     for value in (1e-2, 1e-3):
-        model.kerple_r1.set_value(jnp.full((CFG.n_heads,), value, jnp.float32))
-        model.kerple_r2.set_value(jnp.full((CFG.n_heads,), value, jnp.float32))
+        model.position.kerple_r1.set_value(jnp.full((CFG.n_heads,), value, jnp.float32))
+        model.position.kerple_r2.set_value(jnp.full((CFG.n_heads,), value, jnp.float32))
         named = _named_grads(model, tokens)
         for name in ("kerple_r1", "kerple_r2"):
             (grad,) = [leaf for key, leaf in named.items() if name in key]
@@ -122,7 +122,7 @@ def test_kerple_parameters_at_or_below_the_floor_still_get_a_gradient():
 def test_apply_floors_sets_values_below_the_floor_to_exactly_the_floor():
     for config in (CFG, PER_LAYER):
         model = TransformerLM(config, rngs=nnx.Rngs(0))
-        owner = model if config is CFG else model.blocks.attention
+        owner = (model if config is CFG else model.blocks.attention).position
         below = jnp.asarray([-0.5, 0.0, 0.004, 0.7], jnp.float32)
         owner.kerple_r1.set_value(jnp.broadcast_to(below, owner.kerple_r1[...].shape))
         schemes.apply_floors(model)
@@ -150,7 +150,9 @@ def test_a_training_step_leaves_every_kerple_parameter_at_or_above_the_floor():
     state, _, metrics = step(state, batch, model.init_mems(2))
     assert bool(metrics["finite"])
     model, _ = nnx.merge(graphdef, state)
-    values = np.concatenate([np.asarray(model.kerple_r1[...]), np.asarray(model.kerple_r2[...])])
+    values = np.concatenate(
+        [np.asarray(model.position.kerple_r1[...]), np.asarray(model.position.kerple_r2[...])]
+    )
     assert values.min() == FLOOR and (values == FLOOR).sum() >= 2, values
     assert values.max() > 0.9  # the others moved up by about lr
 

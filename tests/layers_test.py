@@ -52,7 +52,8 @@ def test_a_seed_gives_the_weights_the_layer_by_layer_model_drew(position):
     )
     leaves = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
     ours = {path_string(p): np.abs(np.asarray(a, np.float64)) for p, a in leaves}
-    theirs = layers.stack_layer_paths(sums[position], np.array)
+    # recorded when the scheme's parameters sat on the attention and the model themselves
+    theirs = layers.positioned_paths(layers.stack_layer_paths(sums[position], np.array), ours)
     assert sorted(ours) == sorted(theirs)
     for path, weights in ours.items():
         got = [w.sum() for w in weights] if path.startswith("blocks/") else weights.sum()

@@ -43,7 +43,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 def test_t5_bias_is_the_table_row_of_the_bucket_and_equal_within_a_bucket():
     model = tiny_model("t5")  # 8 causal buckets up to distance 12
     bias = viz.position_bias_from_model(model, 0, DISTANCES)
-    table = model.t5_table[...]
+    table = model.position.t5_table[...]
     library = P.t5_bias(
         jnp.asarray(DISTANCES), jnp.zeros(1, jnp.int32), table, bidirectional=False, max_distance=12
     )
@@ -85,8 +85,8 @@ def test_txl_bias_from_model_is_v_w_r_r_d(overrides):
     model = tiny_model("txl", **overrides)
     k_len, layer = 9, 1
     attention = model.layer(layer).attention
-    w_r = np.asarray(attention.w_r[...], np.float64)
-    v = np.asarray((attention if overrides else model).v[...], np.float64)
+    w_r = np.asarray(attention.position.w_r[...], np.float64)
+    v = np.asarray((attention if overrides else model).position.v[...], np.float64)
     r = np.asarray(P.relative_sinusoid(k_len, 32, overrides.get("clamp_len")), np.float64)
     distances = [0, 2, 5, 8]
     expected = np.stack(
@@ -96,7 +96,7 @@ def test_txl_bias_from_model_is_v_w_r_r_d(overrides):
     bias = viz.position_bias_from_model(model, layer, distances, query=zeros, key=zeros)
     np.testing.assert_allclose(bias, expected, rtol=1e-5, atol=1e-6)
     # The same term through the model's fast path: a zero query leaves (q + v)·W_R·R = v·W_R·R.
-    r_knh = jnp.einsum("kd,dnh->knh", jnp.asarray(r, jnp.float32), attention.w_r[...])
+    r_knh = jnp.einsum("kd,dnh->knh", jnp.asarray(r, jnp.float32), attention.position.w_r[...])
     fast = P.txl_position_logits(jnp.zeros((1, 1, 4, 8)), r_knh, jnp.asarray(v, jnp.float32))
     np.testing.assert_allclose(bias, fast[0, :, 0, ::-1][:, distances] / math.sqrt(8), rtol=1e-5)
 
@@ -105,7 +105,7 @@ def test_shaw_bias_is_the_query_against_the_clamped_key_table(rng):
     model = tiny_model("shaw")  # max distance 3
     q = rng.standard_normal((4, 8))
     bias = viz.position_bias_from_model(model, 1, DISTANCES, query=q)
-    table = np.asarray(model.layer(1).attention.table_k[...], np.float64)
+    table = np.asarray(model.layer(1).attention.position.table_k[...], np.float64)
     expected = q @ table[np.clip(DISTANCES, -3, 3) + 3].T / math.sqrt(8)
     np.testing.assert_allclose(bias, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(bias[:, DISTANCES == 19], bias[:, DISTANCES == 3])
@@ -116,7 +116,7 @@ def test_deberta_bias_is_c2p_plus_p2c_of_the_library(rng):
     q, k = rng.standard_normal((2, 4, 8))
     bias = viz.position_bias_from_model(model, 0, DISTANCES, query=q, key=k)
     attention = model.layer(0).attention
-    rel = model.rel_norm(model.rel_embed[...])
+    rel = model.position.rel_norm(model.position.rel_embed[...])
     pos_key = jnp.einsum("rd,dnh->rnh", rel, attention.w_kv[...][:, 0])
     pos_query = jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...])
     index = P.deberta_index(jnp.zeros(1, jnp.int32), -jnp.asarray(DISTANCES), 4, 16)  # q − k = d
@@ -137,7 +137,7 @@ def test_none_is_zero_and_absolute_or_unknown_inputs_are_refused():
     with pytest.raises(ValueError, match="ints ≥ 0"):
         viz.position_bias("alibi", [-1, 1])
     with pytest.raises(ValueError, match="use one of"):
-        viz.position_bias("xpos", [0, 1])
+        viz.position_bias("nope", [0, 1])
 
 
 def test_attention_map_is_a_distribution_over_written_past_keys(txl_with_memory):

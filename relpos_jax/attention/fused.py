@@ -17,7 +17,7 @@ axis, and a chip the compiled kernels do not run on (TPU v4: ``kernel.unavailabl
 path instead. ``auto`` takes the kernels on a TPU where they fit its VMEM, on a GPU only where
 one of its kind measured them faster (``kernel.faster``), and elsewhere (and on a CPU) the dense
 path up to ``DENSE_KEYS`` keys, the tiled one beyond (where its memory, linear in K,
-matters and its time is no worse: ``docs/benchmarks.md``). ``kernel`` on a CPU runs the kernels in
+matters and its time is no worse: ``docs/benchmarks/README.md``). ``kernel`` on a CPU runs the kernels in
 Pallas' interpreter (exact and slow: for tests).
 """
 
@@ -131,12 +131,14 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
     ``0 … K − 1`` (``kernel.attend``'s ``a``, ``logit_rows``, ``bias_rows``, ``value_rows``)."""
     scheme, scale = attention.scheme, attention.scale
     count = ctx.k_pos.shape[0]
-    out = {"q": scheme.content_query(attention, q_BTNH, context)}
+    out = {"q": scheme.content_query(attention.position, q_BTNH, context)}
     if schemes.overrides(
         scheme, "band_rows"
     ):  # rows for distances count − 1 down: ascending, heads first
-        rows = scheme.band_rows(attention, context, count - 1, count)
-        out["a"] = scheme.band_query(attention, q_BTNH, context) * jnp.asarray(scale, q_BTNH.dtype)
+        rows = scheme.band_rows(attention.position, context, count - 1, count)
+        out["a"] = scheme.band_query(attention.position, q_BTNH, context) * jnp.asarray(
+            scale, q_BTNH.dtype
+        )
         out["logit_rows"] = jnp.transpose(rows[::-1], (1, 0, 2))
     extra = scheme.distance_tables(attention, context, count)
     if "key_rows" in extra:
@@ -150,7 +152,9 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
     elif schemes.overrides(
         scheme, "bias"
     ):  # the last position against the window: distances K − 1 … 0
-        bias = scheme.bias(attention, Tile(ctx.k_pos[-1:], ctx.k_pos, count - 1, 0), context)
+        bias = scheme.bias(
+            attention.position, Tile(ctx.k_pos[-1:], ctx.k_pos, count - 1, 0), context
+        )
         out["bias_rows"] = jnp.broadcast_to(bias, (attention.config.n_heads, 1, count))[:, 0, ::-1]
     return out
 

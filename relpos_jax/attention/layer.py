@@ -38,8 +38,8 @@ class Attention(nnx.Module):
         # On a CPU, keys and values [B, N, H, K] (each head's keys as columns) where the products
         # and RoPE's rotation read them: the content logits q·kᵀ read them in place, and their
         # gradients reach the projection's backward products without a transposition of single
-        # elements (docs/benchmarks.md); [B, K, N, H] where a scheme gathers keys by row
-        # (DeBERTa), and on GPU and TPU, whose libraries read any layout.
+        # elements; [B, K, N, H] where a scheme gathers keys by row (DeBERTa), and on GPU and
+        # TPU, whose libraries read any layout.
         self.kv_layout = self.scheme.kv_layout if backend.on_cpu() else "bknh"
         self.scale = self.scheme.scale(cfg)
         std = cfg.init_std
@@ -47,10 +47,8 @@ class Attention(nnx.Module):
         # the fused key/value projection
         self.w_kv = normal_param(rngs, (d, 2, n, h), std, ("embed", None, "heads", "head_dim"))
         self.w_o = normal_param(rngs, (n, h, d), std, ("heads", "head_dim", "embed"))
-        scheme_params = self.scheme.layer_params(cfg, rngs)
-        for name, param in scheme_params.items():
-            setattr(self, name, param)
-        self.scheme_params = tuple(scheme_params)  # what the tiles see of the layer's parameters
+        # the scheme's parameters of this layer, which its tile hooks read (``own``)
+        self.position = schemes.Parameters(cfg, self.scheme.layer_params(cfg, rngs))
         self.dropatt = Dropout(cfg.dropatt, rngs=rngs)
 
     def __call__(
@@ -122,13 +120,13 @@ class Attention(nnx.Module):
         """Scaled logits ``[B, N, T, K]`` with every position term, before the mask; ``context``
         is the layer's (``_context``)."""
         scheme, tile = self.scheme, ctx.tile()
-        content_q = scheme.content_query(self, q, context)
+        content_q = scheme.content_query(self.position, q, context)
         logits = precision.logits(f"bqnh,{self.kv_layout}->bnqk", content_q, k)
-        term = scheme.score_term(self, q, k, tile, context)
+        term = scheme.score_term(self.position, q, k, tile, context)
         if term is not None:
             logits = logits + term
         logits = logits.astype(jnp.promote_types(q.dtype, jnp.float32)) * self.scale
-        bias = scheme.bias(self, tile, context)
+        bias = scheme.bias(self.position, tile, context)
         if bias is not None:  # [N, T, K] over the batch: its gradient by sum_leading
             logits = precision.add_bias(logits, bias)
         return logits

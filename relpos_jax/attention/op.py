@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from relpos_jax.attention import context as context_parallel
 from relpos_jax.attention import fused, tiled
@@ -45,7 +46,7 @@ def _dense(layer: Any, q, k, v, ctx: PositionContext, deterministic: bool) -> ja
     weights = layer.softmax(q, k, ctx, context)
     weights = layer.dropatt(weights, deterministic=deterministic).astype(q.dtype)
     out = precision.einsum(f"bnqk,{layer.kv_layout}->bqnh", weights, v)
-    value_term = layer.scheme.value_term(layer, weights, ctx.tile(), context)
+    value_term = layer.scheme.value_term(layer.position, weights, ctx.tile(), context)
     return out if value_term is None else out + value_term
 
 
@@ -74,11 +75,9 @@ def _tiled(layer: Any, q, k, v, ctx: PositionContext, deterministic: bool) -> ja
     k, v = _keys_by_row(layer, k, v)
     rate, key = _dropout(layer, deterministic)
     cfg = layer.config
-    params = (
-        {n: getattr(layer, n)[...] for n in layer.scheme_params},
-        layer.context(ctx, q.dtype),
-    )
-    logit_term, value_term, band = tiled_hooks(cfg, k.shape[1] - q.shape[1])
+    own, arrays = nnx.split(layer.position)  # the scheme's module travels as its arrays
+    params = (nnx.to_pure_dict(arrays), layer.context(ctx, q.dtype))
+    logit_term, value_term, band = tiled_hooks(cfg, own, k.shape[1] - q.shape[1])
     valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k.shape[1], bool)
     hooks = dict(
         scale=layer.scale, logit_term=logit_term, value_term=value_term, band=band,

@@ -6,10 +6,10 @@ A model folder holds ``config.json`` and the weights, ``model.safetensors`` (rea
 
     transformer.layers.l.dec_attn.qkv_net.weight [3·N·H, D]  -> ᵀ, [D, 3, N, H]: w_q = [:, 0],
                                                                  w_kv = [:, 1:] ([D, 2, N, H])
-    …dec_attn.r_net.weight [N·H, D]   -> w_r [D, N, H]       …dec_attn.o_net.weight [D, N·H] -> w_o [N, H, D]
+    …dec_attn.r_net.weight [N·H, D]   -> position/w_r [D, N, H]       …dec_attn.o_net.weight [D, N·H] -> w_o [N, H, D]
     …dec_attn.layer_norm              -> norm_attention      …pos_ff.layer_norm -> norm_feed_forward
     …pos_ff.CoreNet.0 / .3            -> feed_forward.up / .down (kernel = weightᵀ, bias)
-    r_w_bias, r_r_bias [N, H]         -> u, v (per layer with txl.untie_r, else transformer.r_*_bias)
+    r_w_bias, r_r_bias [N, H]         -> position/u, v (per layer with txl.untie_r, else the model's)
     word_emb.emb_layers.i / emb_projs.i          -> vocab.embed_i / proj_i (same layout)
     crit.out_layers.i.bias (div_val 1: rows of out_layers.0) -> vocab.bias_i
     crit.out_layers.i.weight (untied), crit.out_projs.i (where not tie_projs[i]) -> out_i, out_proj_i
@@ -214,7 +214,7 @@ def _layers(model: dict, src: Tensors, out: dict) -> None:
         qkv = qkv.T.reshape(d, 3, n, h)
         out[ours + "attention/w_q"], out[ours + "attention/w_kv"] = qkv[:, 0], qkv[:, 1:]
         r = src.get(pre + "dec_attn.r_net.weight", (n * h, d), heads)
-        out[ours + "attention/w_r"] = r.T.reshape(d, n, h)
+        out[ours + "attention/position/w_r"] = r.T.reshape(d, n, h)
         o = src.get(pre + "dec_attn.o_net.weight", (d, n * h), heads)
         out[ours + "attention/w_o"] = o.T.reshape(n, h, d)
         norms = (
@@ -231,11 +231,11 @@ def _layers(model: dict, src: Tensors, out: dict) -> None:
                 pre + f"pos_ff.CoreNet.{theirs}.bias", shape[:1], widths
             )
         if model["txl"]["untie_r"]:
-            out[ours + "attention/u"] = src.get(pre + "dec_attn.r_w_bias", (n, h), heads)
-            out[ours + "attention/v"] = src.get(pre + "dec_attn.r_r_bias", (n, h), heads)
+            out[ours + "attention/position/u"] = src.get(pre + "dec_attn.r_w_bias", (n, h), heads)
+            out[ours + "attention/position/v"] = src.get(pre + "dec_attn.r_r_bias", (n, h), heads)
     if not model["txl"]["untie_r"]:
-        out["u"] = src.get("transformer.r_w_bias", (n, h), heads + ", untie_r")
-        out["v"] = src.get("transformer.r_r_bias", (n, h), heads + ", untie_r")
+        out["position/u"] = src.get("transformer.r_w_bias", (n, h), heads + ", untie_r")
+        out["position/v"] = src.get("transformer.r_r_bias", (n, h), heads + ", untie_r")
 
 
 def _vocab(model: dict, src: Tensors, out: dict) -> None:

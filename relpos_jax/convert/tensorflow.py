@@ -6,12 +6,12 @@ those of ``tf/model.py`` (``tf.layers.dense`` kernels are ``[in, out]``, as ours
 dim, D model, F feed-forward, E d_embed, d_i cluster widths, C tail clusters):
 
     transformer/layer_l/rel_attn/qkv/kernel [D, 3·N·H] -> [D, 3, N, H]: w_q = [:, 0], w_kv = [:, 1:]
-    transformer/layer_l/rel_attn/r/kernel [D, N·H] -> w_r [D, N, H]
+    transformer/layer_l/rel_attn/r/kernel [D, N·H] -> position/w_r [D, N, H]
     transformer/layer_l/rel_attn/o/kernel [N·H, D] -> w_o [N, H, D]
     transformer/layer_l/rel_attn/LayerNorm/{gamma,beta} -> norm_attention/{scale,bias}
     transformer/layer_l/ff/layer_{1,2}/{kernel,bias} -> feed_forward/{up,down}/{kernel,bias}
     transformer/layer_l/ff/LayerNorm/{gamma,beta} -> norm_feed_forward/{scale,bias}
-    transformer/r_w_bias, r_r_bias [N, H] (txl.untie_r: [L, N, H]) -> u, v (per layer with it)
+    transformer/r_w_bias, r_r_bias [N, H] (txl.untie_r: [L, N, H]) -> position/u, v (per layer with it)
     transformer/adaptive_embed/cutoff_i/lookup_table [V_i, d_i] -> vocab/embed_i
     transformer/adaptive_embed/cutoff_i/proj_W [d_i, D] -> vocab/proj_i [D, d_i] (transposed)
       (div_val 1: adaptive_embed/lookup_table [V, E] and proj_W [E, D], without cutoff_i)
@@ -114,7 +114,7 @@ def convert_params(cfg: Config, src: Tensors) -> dict[str, np.ndarray]:
         qkv = src.get(pre + "rel_attn/qkv/kernel", (d, 3 * n * h), layer_heads).reshape(d, 3, n, h)
         out[ours + "attention/w_q"], out[ours + "attention/w_kv"] = qkv[:, 0], qkv[:, 1:]
         r = src.get(pre + "rel_attn/r/kernel", (d, n * h), layer_heads)
-        out[ours + "attention/w_r"] = r.reshape(d, n, h)
+        out[ours + "attention/position/w_r"] = r.reshape(d, n, h)
         out[ours + "attention/w_o"] = src.get(pre + "rel_attn/o/kernel", (n * h, d), layer_heads)
         out[ours + "attention/w_o"] = out[ours + "attention/w_o"].reshape(n, h, d)
         for scope, norm in (("rel_attn", "norm_attention"), ("ff", "norm_feed_forward")):
@@ -133,9 +133,9 @@ def convert_params(cfg: Config, src: Tensors) -> dict[str, np.ndarray]:
             why = heads + f", model.n_layers={m.n_layers}, model.txl.untie_r=True"
             stacked = src.get(name, (m.n_layers, n, h), why)
             for layer in range(m.n_layers):
-                out[f"blocks/{layer}/attention/{ours}"] = stacked[layer]
+                out[f"blocks/{layer}/attention/position/{ours}"] = stacked[layer]
         else:
-            out[ours] = src.get(name, (n, h), heads + ", model.txl.untie_r=False")
+            out[f"position/{ours}"] = src.get(name, (n, h), heads + ", model.txl.untie_r=False")
     _vocab(cfg, src, out)
     unused = src.unused(_ignored)
     if unused:

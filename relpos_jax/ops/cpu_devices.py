@@ -6,7 +6,7 @@ products; only large plain products use its intra-op threads. With as many CPU d
 mesh's ``data`` axis (``mesh.data = -1``, the default) spans them and each core runs its rows of the
 batch, the gradients summed across them as on any data-parallel mesh: on 2 cores a txl_small bfloat16
 training step takes 10–25% less time and evaluation 20–30% less on Sapphire Rapids, ~6% and ~8%
-less on Zen 4 (docs/benchmarks.md).
+less on Zen 4 (docs/benchmarks/README.md).
 
 ``one_device_per_core(batch_sizes, mesh)`` is called by ``train.py``, ``eval.py`` and the benchmarks
 before JAX starts. It picks the largest device count, at most the cores this process may run on, for

@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 
 from relpos_jax.schemes.base import (
+    Parameters,
     Scheme,
     Tile,
     apply_floors,
@@ -29,6 +30,7 @@ for _module in (*CLASSIC, *_OTHERS):
     importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
+    "Parameters",
     "Scheme",
     "Tile",
     "apply_floors",

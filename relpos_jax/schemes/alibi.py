@@ -10,6 +10,6 @@ from relpos_jax.schemes.base import Scheme, Tile, register
 class ALiBi(Scheme):
     name = "alibi"
 
-    def bias(self, attention, tile: Tile, context):
-        slopes = P.alibi_slopes(attention.config.n_heads)
+    def bias(self, own, tile: Tile, context):
+        slopes = P.alibi_slopes(own.config.n_heads)
         return P.alibi_bias(tile.q_pos, tile.k_pos, slopes)

@@ -38,6 +38,15 @@ forward reads them through ``floored``, whose gradient passes (a parameter at it
 learns). ``window_fields`` gives the settings whose default is the training window (FIRE's
 threshold), set by ``Config`` where the data section is known.
 
+Its parameters are a child module, ``position``, of what owns them: ``Parameters`` (the model
+config and the arrays by name) of the attention for a layer's (``layer_params``), of the model for
+those shared by every layer (``shared_params``). The hooks that act on a tile (``content_query``,
+``score_term``, ``band_query``, ``band_rows``, ``bias``, ``value_term``) receive the layer's
+``Parameters`` as ``own``: in the tiled path and the kernels the same module, rebuilt from its
+arrays (``nnx.merge``). The hooks of a whole layer (``layer_context``, ``rotate``,
+``distance_tables``) receive the attention, those of the whole model (``context``, ``embed``) the
+model: each reads its scheme's parameters under ``.position``.
+
 Every logit hook sees one ``Tile``: a block of queries ``I`` against a block of keys ``J`` with their
 positions, so that the dense path (one tile covering every key) and a tiled path (key tiles with an
 online softmax) share the schemes. Relative distance is ``q_pos − k_pos`` (positive: the key is in
@@ -68,6 +77,16 @@ def normal_param(
     if len(axes) != len(shape):
         raise ValueError(f"normal_param: axes {axes} do not name the {len(shape)} dimensions")
     return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32), axes=axes)
+
+
+class Parameters(nnx.Module):
+    """A scheme's parameters, by name, as the child ``position`` of the attention (one layer's) or
+    of the model (shared by every layer), with the model ``config`` the hooks read (static)."""
+
+    def __init__(self, config: Any, params: dict[str, Any]):
+        self.config = config
+        for name, param in params.items():
+            setattr(self, name, param)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,11 +159,11 @@ class Scheme:
         return 1.0 / math.sqrt(cfg.head_dim)
 
     def shared_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
-        """Parameters (or modules) shared by every layer, set on the model under these names."""
+        """Parameters (or modules) shared by every layer: ``model.position.<name>``."""
         return {}
 
     def layer_params(self, cfg: Any, rngs: nnx.Rngs) -> dict[str, Any]:
-        """Parameters of one layer, set on its attention under these names."""
+        """Parameters of one layer: ``attention.position.<name>``."""
         return {}
 
     def context(self, model: Any, q_pos: jax.Array, k_pos: jax.Array, deterministic: bool) -> Any:
@@ -164,24 +183,24 @@ class Scheme:
     def rotate(self, attention: Any, q, k, context: Any):
         return q, k
 
-    def content_query(self, attention: Any, q_BINH: jax.Array, context: Any) -> jax.Array:
+    def content_query(self, own: Parameters, q_BINH: jax.Array, context: Any) -> jax.Array:
         return q_BINH
 
     def score_term(
-        self, attention: Any, q_BINH: jax.Array, k: jax.Array, tile: Tile, context: Any
+        self, own: Parameters, q_BINH: jax.Array, k: jax.Array, tile: Tile, context: Any
     ) -> jax.Array | None:
         return None
 
-    def band_query(self, attention: Any, q_BINH: jax.Array, context: Any) -> jax.Array:
+    def band_query(self, own: Parameters, q_BINH: jax.Array, context: Any) -> jax.Array:
         """The query side ``a [B, I, N, H]`` of a band score term (inside the scaled product)."""
         raise NotImplementedError
 
-    def band_rows(self, attention: Any, context: Any, top, count: int) -> jax.Array:
+    def band_rows(self, own: Parameters, context: Any, top, count: int) -> jax.Array:
         """Rows ``w [count, N, H]`` of distances ``top, top − 1, …`` (``top`` traced); rows of
         distances outside the scheme's range may hold anything (they feed only masked pairs)."""
         raise NotImplementedError
 
-    def bias(self, attention: Any, tile: Tile, context: Any) -> jax.Array | None:
+    def bias(self, own: Parameters, tile: Tile, context: Any) -> jax.Array | None:
         return None
 
     def distance_tables(self, attention: Any, context: Any, count: int) -> dict[str, jax.Array]:
@@ -193,7 +212,7 @@ class Scheme:
         return {}
 
     def value_term(
-        self, attention: Any, weights_BNIJ: jax.Array, tile: Tile, context: Any
+        self, own: Parameters, weights_BNIJ: jax.Array, tile: Tile, context: Any
     ) -> jax.Array | None:
         return None
 

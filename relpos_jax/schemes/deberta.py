@@ -57,7 +57,7 @@ class DeBERTa(Scheme):
         }
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
-        return {"rel_RD": model.rel_norm(model.rel_embed[...])}
+        return {"rel_RD": model.position.rel_norm(model.position.rel_embed[...])}
 
     def layer_context(self, attention, context, dtype) -> dict[str, Any]:
         """The relative embeddings projected by the layer's own key and query weights
@@ -68,8 +68,8 @@ class DeBERTa(Scheme):
             "pos_query": jnp.einsum("rd,dnh->rnh", rel, attention.w_q[...].astype(dtype)),
         }
 
-    def score_term(self, attention, q_BINH, k_BJNH, tile: Tile, context):
+    def score_term(self, own, q_BINH, k_BJNH, tile: Tile, context):
         pos_key, pos_query = context["pos_key"], context["pos_query"]
-        own = attention.config.deberta
-        index = P.deberta_index(tile.q_pos, tile.k_pos, own.bucket_size, own.max_position)
+        settings = own.config.deberta
+        index = P.deberta_index(tile.q_pos, tile.k_pos, settings.bucket_size, settings.max_position)
         return P.deberta_c2p(q_BINH, pos_key, index) + P.deberta_p2c(k_BJNH, pos_query, index)

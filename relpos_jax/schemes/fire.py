@@ -58,9 +58,10 @@ def threshold(cfg: Any) -> int:
     return training_window(cfg)
 
 
-def learned_threshold(attention: Any) -> jax.Array:
-    """``L = |L_multiplier · init_L|`` of a layer, ``init_L`` its config's ``threshold``."""
-    return jnp.abs(attention.fire_L_multiplier[...] * threshold(attention.config))
+def learned_threshold(own: Any) -> jax.Array:
+    """``L = |L_multiplier · init_L|`` of a layer (``own``: its ``Parameters``), ``init_L`` its
+    config's ``threshold``."""
+    return jnp.abs(own.fire_L_multiplier[...] * threshold(own.config))
 
 
 def _uniform(rngs: nnx.Rngs, shape: tuple[int, ...], bound: float) -> nnx.Param:
@@ -111,21 +112,21 @@ class Fire(Scheme):
 
     def distance_tables(self, attention, context, count: int):
         """Not a table: the kernels evaluate the bias in each tile from these parameters."""
+        own = attention.position
         return {
             "fire": {
-                "c": jnp.abs(attention.fire_c[...]), "threshold": learned_threshold(attention),
-                "first_query": context["first_query"], "w1": attention.fire_w1[...],
-                "b1": attention.fire_b1[...], "w2_HN": attention.fire_w2[...],
-                "b2_N": attention.fire_b2[...],
+                "c": jnp.abs(own.fire_c[...]), "threshold": learned_threshold(own),
+                "first_query": context["first_query"], "w1": own.fire_w1[...],
+                "b1": own.fire_b1[...], "w2_HN": own.fire_w2[...], "b2_N": own.fire_b2[...],
             }
         }  # fmt: skip
 
-    def bias(self, attention, tile: Tile, context) -> jax.Array:
-        c, threshold = jnp.abs(attention.fire_c[...]), learned_threshold(attention)
+    def bias(self, own, tile: Tile, context) -> jax.Array:
+        c, threshold = jnp.abs(own.fire_c[...]), learned_threshold(own)
         q_pos = tile.q_pos.astype(jnp.float32)
         distance = jnp.maximum(q_pos[:, None] - tile.k_pos[None, :].astype(jnp.float32), 0.0)
         normaliser = jnp.log1p(c * jnp.maximum(threshold, q_pos))  # ψ(max(L, i)) [I]
         x_IJ = jnp.log1p(c * distance) / normaliser[:, None]
-        hidden = jax.nn.relu(x_IJ[..., None] * attention.fire_w1[...] + attention.fire_b1[...])
-        bias_IJN = hidden @ attention.fire_w2[...] + attention.fire_b2[...]
+        hidden = jax.nn.relu(x_IJ[..., None] * own.fire_w1[...] + own.fire_b1[...])
+        bias_IJN = hidden @ own.fire_w2[...] + own.fire_b2[...]
         return jnp.moveaxis(bias_IJN, -1, 0)  # [N, I, J]

@@ -60,10 +60,10 @@ class Kerple(Scheme):
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any] | None:
         if model.config.kerple.per_layer:
             return None
-        return {name: getattr(model, name)[...] for name in NAMES}
+        return {name: getattr(model.position, name)[...] for name in NAMES}
 
-    def bias(self, attention, tile: Tile, context) -> jax.Array:
-        source = context if context is not None else {n: getattr(attention, n)[...] for n in NAMES}
+    def bias(self, own, tile: Tile, context) -> jax.Array:
+        source = context if context is not None else {n: getattr(own, n)[...] for n in NAMES}
         r1, r2 = (floored(source[name], EPSILON)[:, None, None] for name in NAMES)
         distance = jnp.abs(tile.q_pos[:, None] - tile.k_pos[None, :]).astype(jnp.float32)
         return -r1 * jnp.log1p(r2 * distance)  # [N, I, J]

@@ -30,4 +30,6 @@ class Learned(Scheme):
         return {"position_table": normal_param(rngs, shape, cfg.init_std, ("rows", "embed"))}
 
     def embed(self, model, x_BTD, q_pos):
-        return x_BTD + P.learned_lookup(model.position_table[...], q_pos).astype(x_BTD.dtype)
+        return x_BTD + P.learned_lookup(model.position.position_table[...], q_pos).astype(
+            x_BTD.dtype
+        )

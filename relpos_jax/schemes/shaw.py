@@ -35,18 +35,19 @@ class Shaw(Scheme):
             "table_v": normal_param(rngs, (rows, h), cfg.init_std, ("rows", "head_dim")),
         }
 
-    def score_term(self, attention, q_BINH, k, tile: Tile, context):
-        table = attention.table_k[...].astype(q_BINH.dtype)
+    def score_term(self, own, q_BINH, k, tile: Tile, context):
+        table = own.table_k[...].astype(q_BINH.dtype)
         return P.shaw_key_logits(q_BINH, table, tile.q_pos, tile.k_pos)
 
     def distance_tables(self, attention, context, count: int):
         """Both tables' rows for distances ``0 … count − 1`` (clipped at k), shared by the heads."""
-        index = P.shaw_index(jnp.arange(count), attention.config.shaw.max_distance)
+        own = attention.position
+        index = P.shaw_index(jnp.arange(count), own.config.shaw.max_distance)
         return {
-            "key_rows": attention.table_k[...][index][None],
-            "value_rows": attention.table_v[...][index][None],
+            "key_rows": own.table_k[...][index][None],
+            "value_rows": own.table_v[...][index][None],
         }
 
-    def value_term(self, attention, weights_BNIJ, tile: Tile, context):
-        table = attention.table_v[...].astype(weights_BNIJ.dtype)
+    def value_term(self, own, weights_BNIJ, tile: Tile, context):
+        table = own.table_v[...].astype(weights_BNIJ.dtype)
         return P.shaw_value_output(weights_BNIJ, table, tile.q_pos, tile.k_pos)

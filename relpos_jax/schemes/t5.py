@@ -41,13 +41,13 @@ class T5(Scheme):
         return {"t5_table": normal_param(rngs, shape, cfg.init_std, ("rows", "heads"))}
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
-        return {"table": model.t5_table[...]}
+        return {"table": model.position.t5_table[...]}
 
-    def bias(self, attention, tile: Tile, context):
+    def bias(self, own, tile: Tile, context):
         return P.t5_bias(
             tile.q_pos,
             tile.k_pos,
             context["table"],
             bidirectional=False,
-            max_distance=attention.config.t5.max_distance,
+            max_distance=own.config.t5.max_distance,
         )

@@ -62,37 +62,37 @@ class TransformerXL(Scheme):
         r = P.relative_sinusoid(k_pos.shape[0], cfg.d_model, cfg.clamp_len)
         context = {"r_KD": model.drop(r, deterministic=deterministic)}
         if not cfg.txl.untie_r:
-            context["u"], context["v"] = model.u[...], model.v[...]
+            context["u"], context["v"] = model.position.u[...], model.position.v[...]
         return context
 
     def layer_context(self, attention, context, dtype) -> dict[str, Any]:
         """``r_KNH = R·W_R``, the layer's projection of every distance's sinusoid, once per layer
         (a tile reads its band of rows)."""
-        r_KD, w_r = context["r_KD"].astype(dtype), attention.w_r[...].astype(dtype)
+        r_KD, w_r = context["r_KD"].astype(dtype), attention.position.w_r[...].astype(dtype)
         shared = {name: bias for name, bias in context.items() if name != "r_KD"}  # u, v
         return {**shared, "r_KNH": precision.einsum("kd,dnh->knh", r_KD, w_r)}
 
-    def _biases(self, attention, context) -> tuple[jax.Array, jax.Array]:
+    def _biases(self, own, context) -> tuple[jax.Array, jax.Array]:
         if "u" in context:
             return context["u"], context["v"]
-        return attention.u[...], attention.v[...]
+        return own.u[...], own.v[...]
 
-    def content_query(self, attention, q_BINH, context) -> jax.Array:
-        return precision.add_bias(q_BINH, self._biases(attention, context)[0])
+    def content_query(self, own, q_BINH, context) -> jax.Array:
+        return precision.add_bias(q_BINH, self._biases(own, context)[0])
 
-    def score_term(self, attention, q_BINH, k, tile: Tile, context) -> jax.Array:
+    def score_term(self, own, q_BINH, k, tile: Tile, context) -> jax.Array:
         """``(q_i + v)ᵀ W_R R_{i−j}`` of the dense window: the band of R rows its causal distances
         need (all of ``r_K`` for the whole window), scored against ``q + v`` and shifted."""
         r_LNH = self._band(context["r_KNH"], tile)
         band = P.rel_shift(
-            precision.logits("binh,lnh->bnil", self.band_query(attention, q_BINH, context), r_LNH)
+            precision.logits("binh,lnh->bnil", self.band_query(own, q_BINH, context), r_LNH)
         )
         return band[..., : tile.shape[1]]
 
-    def band_query(self, attention, q_BINH, context) -> jax.Array:
-        return precision.add_bias(q_BINH, self._biases(attention, context)[1])
+    def band_query(self, own, q_BINH, context) -> jax.Array:
+        return precision.add_bias(q_BINH, self._biases(own, context)[1])
 
-    def band_rows(self, attention, context, top, count: int) -> jax.Array:
+    def band_rows(self, own, context, top, count: int) -> jax.Array:
         """Rows of ``W_R·R`` for distances ``top`` down; beyond the window (padding queries, keys
         ahead of every query) they repeat its edge."""
         r_K = context["r_KNH"]
