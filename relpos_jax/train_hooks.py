@@ -96,7 +96,7 @@ class FiniteCheck:
 
     def __init__(self, cfg: TrainConfig, checkpointer, kept_in: pathlib.Path):
         self.cfg, self.checkpointer, self.kept_in = cfg, checkpointer, kept_in
-        self.in_a_row = 0  # consecutive non-finite steps
+        self.in_a_row = 0  # consecutive non-finite steps, as the optimizer state counts them
         self._pending: tuple[int, dict[str, jax.Array]] | None = None
 
     def queue(self, step: int, metrics: dict[str, jax.Array]) -> None:
@@ -109,8 +109,8 @@ class FiniteCheck:
             self._pending = None
 
     def _check(self, step: int, metrics: dict[str, jax.Array]) -> None:
+        self.in_a_row = int(scalar(metrics["in_a_row"]))  # from the state: it survives a resume
         if bool(scalar(metrics["finite"])):
-            self.in_a_row = 0
             return
         self.checkpointer.wait()  # a save still being written is finished before the run ends
         loss, norm = scalar(metrics["loss"]), scalar(metrics["grad_norm"])
@@ -125,7 +125,6 @@ class FiniteCheck:
                 "lower train.lr, raise train.warmup_steps, or set train.skip_nonfinite=True "
                 "to skip such steps"
             )
-        self.in_a_row += 1
         tqdm.write(
             f"step {step}: the {quantity}; skipped it (parameters and optimizer unchanged, memory "
             f"reset), {int(scalar(metrics['skipped']))} skipped in all"

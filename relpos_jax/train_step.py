@@ -130,6 +130,10 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
         "grad_norm": grad_norm,
         "finite": finite,
         "skipped": optimizer.opt_state.total_notfinite[...],
+        # non-finite steps in a row, as the optimizer counts them: saved with it, so a run resumed
+        # in the middle of a streak goes on counting (apply_if_finite applies the next step after
+        # max_consecutive_skips; the loop stops the run at that count)
+        "in_a_row": optimizer.opt_state.notfinite_count[...],
     }
     return nnx.state((model, optimizer)), new_mems, metrics
 

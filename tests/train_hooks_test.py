@@ -54,13 +54,14 @@ class _Checkpointer:
         self.waited += 1
 
 
-def _metrics(loss, *, skipped=0):
+def _metrics(loss, *, skipped=0, in_a_row=None):
     finite = bool(jnp.isfinite(loss))
     return {
         "loss": jnp.float32(loss),
         "grad_norm": jnp.float32(1.0),
         "finite": jnp.bool_(finite),
         "skipped": jnp.int32(skipped),
+        "in_a_row": jnp.int32(in_a_row if in_a_row is not None else (0 if finite else 1)),
     }
 
 
@@ -86,6 +87,10 @@ def test_skip_nonfinite_counts_in_a_row_and_stops_at_the_limit(tiny, capsys):
     check.settle()
     assert check.in_a_row == 1 and checkpointer.waited == 2
     assert "step 5: the loss is nan; skipped it" in capsys.readouterr().out
-    check.queue(6, _metrics(float("nan"), skipped=3))
+    check.queue(6, _metrics(float("nan"), skipped=3, in_a_row=2))
     with pytest.raises(NonFiniteLoss, match="at step 6, non-finite for 2 steps in a row"):
+        check.settle()
+    check = FiniteCheck(cfg, checkpointer, pathlib.Path("w"))  # a resumed run: the state's count
+    check.queue(7, _metrics(float("nan"), skipped=4, in_a_row=2))
+    with pytest.raises(NonFiniteLoss, match="at step 7, non-finite for 2 steps in a row"):
         check.settle()

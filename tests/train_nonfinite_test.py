@@ -105,3 +105,7 @@ def test_skip_nonfinite_stops_after_too_many_in_a_row(tiny, tmp_path, monkeypatc
     with pytest.raises(NonFiniteLoss, match="at step 5, non-finite for 3 steps in a row"):
         Trainer(config, tmp_path / "run").run()
     assert latest_step(tmp_path / "run" / "checkpoints") == 4  # skipped steps 3, 4: still good
+    # stopped and resumed within the streak: the count goes on from the saved optimizer state
+    Trainer(config, tmp_path / "resumed").run(stop_after=4)  # saves step 4, two in a row
+    with pytest.raises(NonFiniteLoss, match="at step 5, non-finite for 3 steps in a row"):
+        Trainer(config, tmp_path / "resumed").run()
