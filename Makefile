@@ -19,14 +19,15 @@ test: $(STAMP)
 # The end-to-end runs of the benchmark scripts that `make test` leaves out (minutes of compiling in
 # the fresh process every benchmark cell starts); the cheap ones run in `make test` too.
 test-bench: $(STAMP)
-	$(PY) -m pytest -n 2 -ra -m bench tests/bench_smoke_test.py
+	$(PY) -m pytest -n 2 -ra -m bench tests/bench/bench_smoke_test.py \
+		tests/experiments/experiments_smoke_test.py
 
 # The tests of the PyTorch peers that bench/ runs beside relpos_jax, which `make test` (and CI) skip:
 # they need the bench extra (CPU PyTorch, x-transformers), installed here into the same venv.
 # OFFICIAL_TXL_DIR=<the pytorch/ folder of a kimiyoung/transformer-xl checkout> adds the official code.
 test-peers: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
-	OFFICIAL_TXL_DIR="$(OFFICIAL_TXL_DIR)" $(PY) -m pytest -n 0 -ra tests/official_txl_test.py
+	OFFICIAL_TXL_DIR="$(OFFICIAL_TXL_DIR)" $(PY) -m pytest -n 0 -ra tests/bench/official_txl_test.py
 
 # The tests of relpos_jax.convert (the released Transformer-XL models from HuggingFace and the official
 # TensorFlow checkpoints), which `make test` (and CI) skip: they need the convert extra (CPU PyTorch,
@@ -35,8 +36,8 @@ CONVERT_VENV ?= .venv-convert
 CONVERT_STAMP := $(CONVERT_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 test-convert: $(CONVERT_STAMP)
-	JAX_PLATFORMS=cpu $(CONVERT_VENV)/bin/python -m pytest -n 0 -ra tests/convert_test.py \
-		tests/convert_fuzz_checkpoints_test.py
+	JAX_PLATFORMS=cpu $(CONVERT_VENV)/bin/python -m pytest -n 0 -ra tests/convert/convert_test.py \
+		tests/convert/convert_fuzz_checkpoints_test.py
 
 $(CONVERT_STAMP): pyproject.toml constraints.txt
 	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)
@@ -57,15 +58,15 @@ $(TPU_STAMP): pyproject.toml constraints.txt
 	$(TPU_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,tpu]"
 	rm -f $(TPU_VENV)/.installed-* && touch $@
 
-# The Triton kernels compiled to cubin for sm_90 and sm_80 without a GPU (tests/kernel_cubin_test.py:
-# shared memory within the chip's, spills within budget, no scratch read pipelined ahead of its
-# store), which `make test` (and CI) skip: they need the triton wheel (the cubin extra, 300 MB),
-# installed into a venv of its own.
+# The Triton kernels compiled to cubin for sm_90 and sm_80 without a GPU
+# (tests/attention/kernel/kernel_cubin_test.py: shared memory within the chip's, spills within
+# budget, no scratch read pipelined ahead of its store), which `make test` (and CI) skip: they need
+# the triton wheel (the cubin extra, 300 MB), installed into a venv of its own.
 CUBIN_VENV ?= .venv-cubin
 CUBIN_STAMP := $(CUBIN_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 test-cubin: $(CUBIN_STAMP)
-	JAX_PLATFORMS=cpu $(CUBIN_VENV)/bin/python -m pytest -n 2 -ra tests/kernel_cubin_test.py
+	JAX_PLATFORMS=cpu $(CUBIN_VENV)/bin/python -m pytest -n 2 -ra tests/attention/kernel/kernel_cubin_test.py
 
 $(CUBIN_STAMP): pyproject.toml constraints.txt
 	test -x $(CUBIN_VENV)/bin/python || $(PYTHON) -m venv $(CUBIN_VENV)

@@ -97,7 +97,8 @@ run_kernel_tests() {
   # XLA_FLAGS set (even empty): tests/conftest.py's XLA:CPU settings stay off the device.
   # the compiled kernels (not the interpreted variants, which a CPU test run covers)
   run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -q -p no:cacheprovider \
-    -k "not interpreted" tests/kernel_vs_reference_test.py tests/kernel_vs_tiled_test.py
+    -k "not interpreted" tests/attention/kernel/kernel_vs_reference_test.py \
+    tests/attention/kernel/kernel_vs_tiled_test.py
   summary=$(grep -s -E "[0-9]+ (passed|failed|errors?)" /tmp/gpu_bench_kernel_tests.log | tail -n1 | cut -c1-300)
   if [ -n "$summary" ]; then
     $PY -m bench.gpu --record kernel_tests --outcome "$summary" --json "$JSON"

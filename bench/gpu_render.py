@@ -319,8 +319,9 @@ def kernel_tests(results: dict) -> list[str]:
     if entry is None:
         return []
     return ["## Kernel tests on the device", "",
-            '`pytest -k "not interpreted" tests/kernel_vs_reference_test.py '
-            f'tests/kernel_vs_tiled_test.py`: {entry.get("outcome", "")}', ""]  # fmt: skip
+            '`pytest -k "not interpreted" tests/attention/kernel/kernel_vs_reference_test.py '
+            'tests/attention/kernel/kernel_vs_tiled_test.py`: '
+            f'{entry.get("outcome", "")}', ""]  # fmt: skip
 
 
 def render(results: dict) -> str:

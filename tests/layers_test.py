@@ -1,7 +1,7 @@
 """The layers as one scan over stacked parameters (``relpos_jax.layers``): the same model as layers
 run one by one, the same weights for a seed as the layer-by-layer model drew, a program whose size
 does not grow with depth, and checkpoints of the layer-by-layer model that still resume and
-evaluate (``tests/data/unrolled_checkpoint``, written by commit 7f351c4 with its ``make.py``)."""
+evaluate (``tests/fixtures/unrolled_checkpoint``, written by commit 7f351c4 with its ``make.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from relpos_jax.train import Trainer
 from relpos_jax.train_step import make_optimizer, train_step_fn
 from tests.helpers import ROOT, logged_losses, tiny_model
 
-UNROLLED = ROOT / "tests" / "data" / "unrolled_checkpoint"
+UNROLLED = ROOT / "tests" / "fixtures" / "unrolled_checkpoint"
 EXPECTED = json.loads((UNROLLED / "expected.json").read_text())
 
 

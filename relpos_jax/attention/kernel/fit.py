@@ -8,8 +8,8 @@ above: a fit to the kernels compiled for sm_90 (``kernel.cubin``), per term set 
 ``a·S·H·b + c·S·H·4 + d·S²·4 + 4 KiB`` (S block, H head dim, b the inputs' bytes an element), plus
 two tiles of keys and values a pipeline stage beyond the first. Before Hopper (sm_80: mma instead
 of wgmma, other shared layouts) the backward with a band (txl, Shaw) took up to 1.39 times that
-(``PRE_HOPPER``). ``tests/kernel_cubin_test.py`` compiles every kernel and checks the bound, and
-that what this module picks fits sm_90 and sm_80.
+(``PRE_HOPPER``). ``tests/attention/kernel/kernel_cubin_test.py`` compiles every kernel and checks
+the bound, and that what this module picks fits sm_90 and sm_80.
 
 Pipeline stages: one where a kernel has a relative term. Triton's software pipeliner issues a loop's
 loads an iteration ahead and does not order them after the stores of the iteration they belong to,

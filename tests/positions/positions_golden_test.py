@@ -1,4 +1,4 @@
-"""Published formulas against numbers their authors' code produced (tests/golden/*.json).
+"""Published formulas against numbers their authors' code produced (tests/positions/golden/*.json).
 
 The golden values were computed once by running HuggingFace transformers (T5, DeBERTa-v2, RoPE
 scaling, Llama's apply_rotary_pos_emb) and the ALiBi authors' ``get_slopes``; each entry's ``source``

@@ -1,9 +1,11 @@
 """Run in a subprocess by context_parallel_test.py, with 8 simulated CPU devices (XLA_FLAGS set by
 the caller).
 
-    python tests/context_worker.py schemes txl,shaw,...   # context 2, 4, 8 vs one device
-    python tests/context_worker.py train WORKDIR          # (data 2, context 2, tensor 2) vs one
-    python tests/context_worker.py kernel txl,shaw,...    # the kernels on (data 2, tensor 2) vs one
+    python tests/attention/context_worker.py MODE ARG, MODE one of:
+
+    schemes txl,shaw,...   # context 2, 4, 8 vs one device
+    train WORKDIR          # (data 2, context 2, tensor 2) vs one
+    kernel txl,shaw,...    # the kernels on (data 2, tensor 2) vs one
 
 Prints one JSON line with what the test checks.
 """
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from relpos_jax import TransformerLM, sharding  # noqa: E402

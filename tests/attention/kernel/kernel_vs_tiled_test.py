@@ -135,7 +135,7 @@ def test_attention_dropout_through_the_kernels_drops_the_same_weights_forward_an
 def test_kernels_on_a_data_fsdp_tensor_mesh_equal_one_device():
     """8 simulated devices (data 2, fsdp 2, tensor 2): each runs the kernels on its batch rows and
     heads (``fused._per_device``); logits and every gradient as on one device."""
-    from tests.context_parallel_test import run_worker
+    from tests.attention.context_parallel_test import run_worker
 
     variants = "txl,shaw,t5,rope"
     result = run_worker("kernel", variants)

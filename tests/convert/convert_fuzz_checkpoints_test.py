@@ -20,8 +20,8 @@ import pytest
 from relpos_jax.config import Config, load_config
 from relpos_jax.convert import tensorflow
 from relpos_jax.convert.__main__ import main
-from tests.convert_fuzz_test import _Recorder, broken_weights
-from tests.convert_fuzz_test import _valid as _hf_folder
+from tests.convert.convert_fuzz_test import _Recorder, broken_weights
+from tests.convert.convert_fuzz_test import _valid as _hf_folder
 from tests.helpers import ROOT
 
 EXTRA = "needs the convert extra (make test-convert)"

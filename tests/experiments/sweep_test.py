@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from experiments import ablation, sweep
-from tests.bench_smoke_test import ROOT
+from tests.helpers import ROOT
 
 
 def test_mean_and_spread():

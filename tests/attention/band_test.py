@@ -14,7 +14,7 @@ import pytest
 from relpos_jax.attention import band
 from relpos_jax.attention.tiled import attend
 from relpos_jax.positions.absolute import sinusoid
-from tests.tiled_attention_test import (
+from tests.attention.tiled_attention_test import (
     FAST_COMPILE,
     SCALE,
     D,
