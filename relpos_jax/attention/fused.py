@@ -8,8 +8,9 @@ per layer and call (linear in K) from the hooks the dense and tiled paths use:
   query side ``a`` and the logit rows;
 * ``distance_tables`` gives what those do not (Shaw's key and value tables);
 * a relative scheme's ``bias`` (T5, ALiBi, KERPLE), evaluated for one query against the window,
-  gives the bias by distance; FIRE's, which depends on the query's position too, is evaluated in
-  each tile from its parameters (``kernel.fire``);
+  gives the bias by distance; a term that depends on the query's position too (FIRE's bias) comes
+  from ``distance_tables`` as a ``kernel.TileTerm`` the kernels evaluate in each tile, with a row of
+  the scheme's parameters per head;
 * ``content_query`` (txl's ``q + u``) and ``rotate`` (RoPE, before any path) act on q and k.
 
 DeBERTa (``Scheme.fused = False``), an explicit ``mask``, a segment split over the ``context``
@@ -34,7 +35,6 @@ import jax.numpy as jnp
 from relpos_jax import schemes, sharding
 from relpos_jax.attention import kernel
 from relpos_jax.attention.kernel import faster, fit
-from relpos_jax.attention.kernel import fire as fire_term
 from relpos_jax.errors import fail
 from relpos_jax.ops import backend as ops_backend
 from relpos_jax.schemes import Tile
@@ -128,7 +128,8 @@ def _say_tiled(why: str) -> None:
 
 def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[str, Any]:
     """The kernel's inputs beyond k and v: the content query ``q`` and the tables by distance
-    ``0 … K − 1`` (``kernel.attend``'s ``a``, ``logit_rows``, ``bias_rows``, ``value_rows``)."""
+    ``0 … K − 1`` (``kernel.Terms``' ``a``, ``logit_rows``, ``bias_rows``, ``value_rows``), or a
+    term evaluated in each tile (``tile``, ``tile_rows``)."""
     scheme, scale = attention.scheme, attention.scale
     count = ctx.k_pos.shape[0]
     out = {"q": scheme.content_query(attention.position, q_BTNH, context)}
@@ -146,9 +147,8 @@ def tables(attention: Any, q_BTNH: jax.Array, ctx: Any, context: Any) -> dict[st
         out["logit_rows"] = extra["key_rows"]
     if "value_rows" in extra:
         out["value_rows"] = extra["value_rows"]
-    if "fire" in extra:  # FIRE: not a table, evaluated per tile
-        out["fire_rows"] = fire_term.pack(**extra["fire"])
-        out["fire_hidden"] = extra["fire"]["w1"].shape[0]
+    if "tile" in extra:  # not a table: evaluated in each tile (FIRE)
+        out["tile_rows"], out["tile"] = extra["tile_rows"], extra["tile"]
     elif schemes.overrides(
         scheme, "bias"
     ):  # the last position against the window: distances K − 1 … 0
@@ -165,7 +165,7 @@ def _check_shared_memory(cfg: Any, terms: dict) -> None:
     if kernel.backend_of() != "triton" or not cfg.kernel_block:
         return
     key = fit.terms_of("logit_rows" in terms, "value_rows" in terms, "bias_rows" in terms,
-                       "fire_rows" in terms)  # fmt: skip
+                       "tile_rows" in terms)  # fmt: skip
     dtype = terms["q"].dtype
     if over := fit.oversized(key, cfg.kernel_block, cfg.head_dim, dtype.itemsize):
         capacity, fitting = over
@@ -186,17 +186,30 @@ def attend(attention: Any, q, k_BKNH, v_BKNH, ctx: Any, context: Any, rate: floa
     device runs them on its batch rows and heads (``_per_device``)."""
     terms = tables(attention, q, ctx, context)
     _check_shared_memory(attention.config, terms)
+    tile = terms.pop("tile", None)  # static: what the kernels evaluate in each tile
     valid = ctx.key_valid if ctx.key_valid is not None else jnp.ones(k_BKNH.shape[1], bool)
     backend = kernel.backend_of()
     options = dict(
         scale=attention.scale, max_distance=attention.max_distance(ctx), dropatt=rate,
         block=block(attention.config), backend=backend or INTERPRET_BACKEND,
-        interpret=backend is None, fire_hidden=terms.pop("fire_hidden", 0),
+        interpret=backend is None, tile=tile,
     )  # fmt: skip
     arrays = dict(terms, k=k_BKNH, v=v_BKNH, key_valid=valid)
     if rate:
         arrays["seed"] = seed(key)
     return _per_device(arrays, options)
+
+
+def _kernel(arrays: dict, options: dict) -> jax.Array:
+    """``kernel.attend`` of the arrays by name (q, k, v, key_valid, the seed, the terms)."""
+    arrays, options = dict(arrays), dict(options)
+    terms = {name: arrays.pop(name) for name in TERMS if name in arrays}
+    q, k, v = arrays.pop("q"), arrays.pop("k"), arrays.pop("v")
+    terms = kernel.Terms(**terms, tile=options.pop("tile"))
+    return kernel.attend(q, k, v, terms, **arrays, **options)
+
+
+TERMS = ("a", "logit_rows", "bias_rows", "value_rows", "tile_rows")  # ``kernel.Terms``' arrays
 
 
 def _per_device(arrays: dict, options: dict) -> jax.Array:
@@ -205,7 +218,7 @@ def _per_device(arrays: dict, options: dict) -> jax.Array:
     dropout seed folded with the device's index."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return kernel.attend(**arrays, **options)
+        return _kernel(arrays, options)
     batch, heads = arrays["q"].shape[0], arrays["q"].shape[2]
     rows = tuple(a for a in sharding.BATCH if a in mesh.axis_names)
     rows = rows if rows and batch % math.prod(mesh.shape[a] for a in rows) == 0 else None
@@ -214,7 +227,7 @@ def _per_device(arrays: dict, options: dict) -> jax.Array:
     def spec(name: str, x) -> jax.P:
         if name in ("q", "a", "k", "v"):
             return jax.P(rows, None, split, None)
-        if name in ("logit_rows", "bias_rows", "value_rows", "fire_rows") and x.shape[0] == heads:
+        if name in TERMS[1:] and x.shape[0] == heads:
             return jax.P(split)
         return jax.P()
 
@@ -222,7 +235,7 @@ def _per_device(arrays: dict, options: dict) -> jax.Array:
         if "seed" in arrays:  # other draws on other devices
             index = jax.lax.axis_index(tuple(mesh.axis_names))
             arrays = dict(arrays, seed=arrays["seed"] + index * jnp.int32(0x3C6EF372 % 2**31))
-        return kernel.attend(**arrays, **options)
+        return _kernel(arrays, options)
 
     specs = {name: spec(name, x) for name, x in arrays.items()}
     # check_vma off: a Pallas call's outputs carry no varying-axes type; the transpose then sums

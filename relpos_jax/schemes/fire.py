@@ -35,6 +35,7 @@ expectation under this init, against 1/2 under the former ``w1 ~ N(0, 1)``, ``b1
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import jax
@@ -111,15 +112,14 @@ class Fire(Scheme):
         return {"first_query": q_pos[0].astype(jnp.float32)}
 
     def distance_tables(self, attention, context, count: int):
-        """Not a table: the kernels evaluate the bias in each tile from these parameters."""
+        """Not a table: the kernels evaluate the bias in each tile (``FireTile``) from a row of
+        these parameters per head."""
         own = attention.position
-        return {
-            "fire": {
-                "c": jnp.abs(own.fire_c[...]), "threshold": learned_threshold(own),
-                "first_query": context["first_query"], "w1": own.fire_w1[...],
-                "b1": own.fire_b1[...], "w2_HN": own.fire_w2[...], "b2_N": own.fire_b2[...],
-            }
-        }  # fmt: skip
+        rows = pack(
+            jnp.abs(own.fire_c[...]), learned_threshold(own), context["first_query"],
+            own.fire_w1[...], own.fire_b1[...], own.fire_w2[...], own.fire_b2[...],
+        )  # fmt: skip
+        return {"tile_rows": rows, "tile": FireTile(own.config.fire.hidden)}
 
     def bias(self, own, tile: Tile, context) -> jax.Array:
         c, threshold = jnp.abs(own.fire_c[...]), learned_threshold(own)
@@ -130,3 +130,103 @@ class Fire(Scheme):
         hidden = jax.nn.relu(x_IJ[..., None] * own.fire_w1[...] + own.fire_b1[...])
         bias_IJN = hidden @ own.fire_w2[...] + own.fire_b2[...]
         return jnp.moveaxis(bias_IJN, -1, 0)  # [N, I, J]
+
+
+# ------------------------------------------------------------------ the kernels' term in a tile
+
+WIDTH = 128  # lanes of a head's row (``TileTerm.WIDTH``)
+C, L, FIRST, B2, HIDDEN_AT = 0, 1, 2, 3, 4  # the row: c, L, the first query's position, b2, …
+
+
+def pack(c, threshold, first_query, w1, b1, w2_HN, b2_N) -> jax.Array:
+    """``[N, 1, WIDTH]`` rows of the heads' parameters (``c`` and ``L`` already positive): ``c, L``,
+    the first query's position, ``b2``, then the hidden units' ``w1``, ``b1`` and ``w2``."""
+    heads, hidden = b2_N.shape[0], w1.shape[0]
+    if HIDDEN_AT + 3 * hidden > WIDTH:
+        raise ValueError(f"kernel FIRE: {hidden} hidden units do not fit a row of {WIDTH}")
+    shared = jnp.stack([c, threshold, first_query]).astype(jnp.float32)
+    rows = [
+        jnp.broadcast_to(shared, (heads, 3)), b2_N[:, None].astype(jnp.float32),
+        jnp.broadcast_to(w1.astype(jnp.float32), (heads, hidden)),
+        jnp.broadcast_to(b1.astype(jnp.float32), (heads, hidden)), w2_HN.T.astype(jnp.float32),
+    ]  # fmt: skip
+    row = jnp.concatenate(rows, axis=1)
+    return jnp.pad(row, ((0, 0), (0, WIDTH - row.shape[1])))[:, None, :]
+
+
+def _at(ref, lane: int):
+    """Lane ``lane`` of the row, ``[1, 1]`` (broadcasts over a tile)."""
+    return ref[:, lane : lane + 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class FireTile:
+    """FIRE's bias inside a kernel tile (``attention.kernel``'s ``TileTerm``): ``b(i, j) =
+    f(ψ(d)/ψ(max(L, i)))``, ``f(x) = Σ_h w2_h·relu(w1_h·x + b1_h) + b2`` (one head's output of the
+    MLP), not a table by distance since the normaliser depends on the query, so each tile evaluates
+    it, and its gradient, element by element from the head's row (``pack``); the packing's own vjp
+    carries the row's gradient to the parameters. The hidden units are a loop in the kernel
+    (``fori_loop``), not a copy of the body per unit: unrolled, Triton's compile time and register
+    spills grow with the units."""
+
+    hidden: int  # the MLP's hidden units
+
+    def _inputs(self, spec, ref, delta, q_block):
+        """``x = ψ(d)/ψ(max(L, i))`` ``[S, S]`` and what its gradient needs."""
+        from relpos_jax.attention.kernel import common  # here: the kernels import the schemes
+
+        c, threshold = _at(ref, C), _at(ref, L)
+        shape = (spec.block, spec.block)
+        query = q_block * spec.block + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+        position = _at(ref, FIRST) + query.astype(jnp.float32)
+        distance = jnp.maximum(common.distance(spec, delta), 0).astype(jnp.float32)
+        reach = jnp.maximum(threshold, position)
+        u, r = jnp.log(1.0 + c * distance), jnp.log(1.0 + c * reach)
+        return u / r, (c, threshold, position, distance, reach, u, r)
+
+    def _unit(self, ref, h):
+        """Hidden unit ``h``'s ``(w1, b1, w2)``, each ``[1, 1]``: a traced ``h`` picks its lanes by
+        a masked sum."""
+        row = ref[...]
+        lanes = jax.lax.broadcasted_iota(jnp.int32, row.shape, 1)
+
+        def pick(k: int) -> jax.Array:
+            where = lanes == HIDDEN_AT + k * self.hidden + h
+            return jnp.sum(jnp.where(where, row, 0.0), 1, keepdims=True)
+
+        return pick(0), pick(1), pick(2)
+
+    def bias(self, spec, ref, delta, q_block) -> jax.Array:
+        """FIRE's ``[S, S]`` bias of a tile at offset ``δ`` of query block ``q_block``."""
+        x, _ = self._inputs(spec, ref, delta, q_block)
+
+        def unit(h, out):
+            w1, b1, w2 = self._unit(ref, h)
+            return out + w2 * jnp.maximum(w1 * x + b1, 0.0)
+
+        return jax.lax.fori_loop(0, self.hidden, unit, jnp.zeros_like(x) + _at(ref, B2))
+
+    def gradient(self, spec, ref, delta, q_block, ds) -> jax.Array:
+        """``[1, WIDTH]``: the gradient of the row from the tile's logit gradient ``ds``."""
+        x, (c, threshold, position, distance, reach, u, r) = self._inputs(spec, ref, delta, q_block)
+        lanes = jax.lax.broadcasted_iota(jnp.int32, (1, WIDTH), 1)
+        total = lambda y: jnp.sum(y, axis=(0, 1), keepdims=True)  # noqa: E731
+        out = jnp.where(lanes == B2, total(ds), 0.0)
+        n = self.hidden
+
+        def unit(h, carry):
+            out, dx = carry
+            w1, b1, w2 = self._unit(ref, h)
+            z = w1 * x + b1
+            g = jnp.where(z > 0, ds * w2, 0.0)
+            for k, value in enumerate((total(g * x), total(g), total(ds * jnp.maximum(z, 0.0)))):
+                out = out + jnp.where(lanes == HIDDEN_AT + k * n + h, value, 0.0)
+            return out, dx + g * w1
+
+        out, dx = jax.lax.fori_loop(0, n, unit, (out, jnp.zeros_like(x)))
+        # x = u / r: u = ψ(d), r = ψ(max(L, i))
+        dr = -dx * u / (r * r)
+        d_c = dx * distance / ((1.0 + c * distance) * r) + dr * reach / (1.0 + c * reach)
+        d_threshold = jnp.where(threshold > position, dr * c / (1.0 + c * reach), 0.0)
+        out = out + jnp.where(lanes == C, total(d_c), 0.0)
+        return out + jnp.where(lanes == L, total(d_threshold), 0.0)

@@ -8,11 +8,12 @@ The terms a scheme adds come as tables by distance ``d = q_pos − k_pos`` (asce
 * ``bias_rows [N, R]``: ``b_{n, d}`` after scaling (T5's buckets, ALiBi, KERPLE);
 * ``value_rows [N or 1, R, H]``: ``Σ_j p_ij w_{d_ij}`` added to the output (Shaw's values);
 
-and FIRE's bias, which depends on the query's position too, evaluated in each tile from its
-parameters (``fire_rows``, ``kernel.fire.pack``; ``fire_hidden`` hidden units).
+and a term that depends on the query's position too (FIRE's bias), which a scheme evaluates in each
+tile (``tile``, a ``common.TileTerm``) from a row of its parameters per head (``tile_rows
+[N, 1, 128]``). ``Terms`` holds them; the kernels name no scheme.
 
-Gradients reach q, k, v, ``a``, the three tables and FIRE's rows (float32; the scheme's parameters are one
-``jax.vjp`` of the tables away). Positions are contiguous (the model's windows): query i and key j
+Gradients reach q, k, v, ``a``, the three tables and the tile rows (float32; the scheme's parameters
+are one ``jax.vjp`` of the tables away). Positions are contiguous (the model's windows): query i and key j
 are ``offset + i − j`` apart, ``offset = K − T`` the memory. Query i may attend key j iff
 ``key_valid[j]`` and ``0 ≤ d ≤ max_distance`` (None: no limit). Dropout (``dropatt``, ``seed``) is
 ``skew.keep``'s hash of (seed, row, query, key), the same forward and backward.
@@ -22,13 +23,14 @@ Legend: B batch, T queries, K = M + T keys, N heads, H head dim, R distances, S 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from relpos_jax.attention.kernel import backward, fit, forward
-from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, SUBLANES, Spec
+from relpos_jax.attention.kernel.common import BIAS_WIDTH, F32, SUBLANES, Spec, TileTerm
 from relpos_jax.attention.kernel.skew import BACKENDS
 from relpos_jax.ops import backend as ops_backend
 
@@ -66,19 +68,33 @@ def supports(head_dim: int, block: int) -> bool:
     return power(head_dim) and power(block)
 
 
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["a", "logit_rows", "bias_rows", "value_rows", "tile_rows"],
+    meta_fields=["tile"],
+)
+@dataclasses.dataclass(frozen=True)
+class Terms:
+    """What a scheme adds to the content attention, as the kernels take it (a pytree: ``tile`` is
+    static): ``logit_rows`` with its query side ``a``, ``bias_rows``, ``value_rows``, and a term
+    evaluated in each tile, ``tile`` with its ``tile_rows``; None where the scheme has none."""
+
+    a: jax.Array | None = None
+    logit_rows: jax.Array | None = None
+    bias_rows: jax.Array | None = None
+    value_rows: jax.Array | None = None
+    tile_rows: jax.Array | None = None
+    tile: TileTerm | None = None
+
+
 def attend(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
+    terms: Terms = Terms(),  # frozen: a shared default is safe
     *,
     key_valid: jax.Array,
     scale: float,
-    a: jax.Array | None = None,
-    logit_rows: jax.Array | None = None,
-    bias_rows: jax.Array | None = None,
-    value_rows: jax.Array | None = None,
-    fire_rows: jax.Array | None = None,
-    fire_hidden: int = 0,
     max_distance: int | None = None,
     dropatt: float = 0.0,
     seed: jax.Array | None = None,
@@ -87,6 +103,13 @@ def attend(
     interpret: bool = False,
 ) -> jax.Array:
     """Attention output ``[B, T, N, H]`` in q's dtype (see the module docstring)."""
+    a, logit_rows, bias_rows, value_rows = (
+        terms.a,
+        terms.logit_rows,
+        terms.bias_rows,
+        terms.value_rows,
+    )
+    tile_rows = terms.tile_rows
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
     backend = backend or backend_of()
@@ -95,9 +118,9 @@ def attend(
             f"kernel attention: no Pallas backend on {jax.default_backend()!r}; use a GPU or TPU, "
             "or interpret=True with backend='triton' or 'mosaic'"
         )
-    terms = fit.terms_of(logit_rows is not None, value_rows is not None, bias_rows is not None,
-                         fire_rows is not None)  # fmt: skip
-    block = block or default_block(backend, terms, head_dim, q.dtype, interpret)
+    present = fit.terms_of(logit_rows is not None, value_rows is not None, bias_rows is not None,
+                           tile_rows is not None)  # fmt: skip
+    block = block or default_block(backend, present, head_dim, q.dtype, interpret)
     if not supports(head_dim, block):
         raise ValueError(
             f"kernel attention: head_dim={head_dim} and block={block} must be powers of two ≥ 16"
@@ -110,7 +133,7 @@ def attend(
         backend == "triton"
         and not interpret
         and ops_backend.platform() == "gpu"  # (not when lowered on a CPU host: kernel.cubin)
-        and (over := fit.oversized(terms, block, head_dim, q.dtype.itemsize))
+        and (over := fit.oversized(present, block, head_dim, q.dtype.itemsize))
     ):
         capacity, fitting = over
         raise ValueError(
@@ -125,14 +148,14 @@ def attend(
     if not 0.0 <= dropatt < 1.0 or (dropatt and seed is None):
         raise ValueError(f"kernel attention: dropatt={dropatt} must be in [0, 1), with a seed")
     tables = [x for x in (logit_rows, bias_rows, value_rows) if x is not None]
-    if fire_rows is not None and not fire_hidden:
-        raise ValueError("kernel attention: fire_rows need fire_hidden, their hidden units")
+    if (terms.tile is None) != (tile_rows is None):
+        raise ValueError("kernel attention: tile and tile_rows come together")
     distances = max([x.shape[1] for x in tables], default=1)
     q_blocks, k_blocks = -(-q_len // block), -(-k_len // block)
     spec = Spec(
         backend, block, k_len - q_len, float(scale), max_distance, float(dropatt),
         logit_rows is not None, bias_rows is not None, value_rows is not None, distances, batch,
-        heads, q_blocks, k_blocks, interpret, fire_hidden if fire_rows is not None else 0,
+        heads, q_blocks, k_blocks, interpret, terms.tile,
     )  # fmt: skip
     heads_first = lambda x, length: _pad(x, length, axis=1).transpose(0, 2, 1, 3)  # noqa: E731
     q_p, k_p, v_p = (heads_first(x, n * block) for x, n in ((q, q_blocks), (k, k_blocks),
@@ -148,8 +171,8 @@ def attend(
     seed = (
         jnp.zeros((1, 1), jnp.int32) if seed is None else jnp.asarray(seed, jnp.int32).reshape(1, 1)
     )
-    fire_rows = None if fire_rows is None else fire_rows.astype(F32)
-    out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, fire_rows, valid, seed)
+    tile_rows = None if tile_rows is None else tile_rows.astype(F32)
+    out = _attend(spec, q_p, a_p, k_p, v_p, rows, bias, vrows, tile_rows, valid, seed)
     return out[:, :, :q_len].transpose(0, 2, 1, 3)
 
 
@@ -168,26 +191,26 @@ def _descending(table: jax.Array, distances: int, block: int) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec: Spec, q, a, k, v, rows, bias, vrows, fire_rows, valid, seed):
-    return forward.call(spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed)[0]
+def _attend(spec: Spec, q, a, k, v, rows, bias, vrows, tile_rows, valid, seed):
+    return forward.call(spec, q, a, k, v, valid, rows, bias, vrows, tile_rows, seed)[0]
 
 
-def _attend_fwd(spec: Spec, q, a, k, v, rows, bias, vrows, fire_rows, valid, seed):
-    out, lse = forward.call(spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed)
-    return out, (q, a, k, v, rows, bias, vrows, fire_rows, valid, seed, out, lse)
+def _attend_fwd(spec: Spec, q, a, k, v, rows, bias, vrows, tile_rows, valid, seed):
+    out, lse = forward.call(spec, q, a, k, v, valid, rows, bias, vrows, tile_rows, seed)
+    return out, (q, a, k, v, rows, bias, vrows, tile_rows, valid, seed, out, lse)
 
 
 def _attend_bwd(spec: Spec, residuals, d_out):
-    q, a, k, v, rows, bias, vrows, fire_rows, valid, seed, out, lse = residuals
+    q, a, k, v, rows, bias, vrows, tile_rows, valid, seed, out, lse = residuals
     d_out = d_out.astype(q.dtype)
     d_rows_sum = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1, keepdims=True)
-    dq, da, dk, dv, d_rows, d_bias, d_vrows, d_fire = backward.call(
-        spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_out, lse, d_rows_sum
+    dq, da, dk, dv, d_rows, d_bias, d_vrows, d_tile = backward.call(
+        spec, q, a, k, v, valid, rows, bias, vrows, tile_rows, seed, d_out, lse, d_rows_sum
     )
     like = lambda g, x: None if x is None else g.astype(x.dtype)  # noqa: E731
     return (
         like(dq, q), like(da, a), like(dk, k), like(dv, v), like(d_rows, rows),
-        like(d_bias, bias), like(d_vrows, vrows), like(d_fire, fire_rows), None, None,
+        like(d_bias, bias), like(d_vrows, vrows), like(d_tile, tile_rows), None, None,
     )  # fmt: skip
 
 

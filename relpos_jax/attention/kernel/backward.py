@@ -19,11 +19,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from relpos_jax.attention.kernel import common, fire, launch
+from relpos_jax.attention.kernel import common, launch
 from relpos_jax.attention.kernel.common import F32, Spec
 from relpos_jax.attention.kernel.skew import Skew
 
-TABLES = ("d_rows", "d_bias", "d_vrows", "d_fire")
+TABLES = ("d_rows", "d_bias", "d_vrows", "d_tile")
 
 
 def _unpack(spec: Spec, refs):
@@ -32,7 +32,7 @@ def _unpack(spec: Spec, refs):
     r = {"q": refs.pop(0), "a": take(spec.band)}
     r["k"], r["v"], r["valid"] = refs.pop(0), refs.pop(0), refs.pop(0)
     r["rows"], r["bias"], r["vrows"] = take(spec.band), take(spec.bias), take(spec.values)
-    r["fire"] = take(spec.fire)
+    r["tile"] = take(spec.tile is not None)
     r["seed"], r["do"], r["lse"], r["d"] = (refs.pop(0) for _ in range(4))
     present = _present(spec)
     if spec.backend == "triton":  # the zeroed tables the outputs alias
@@ -48,7 +48,7 @@ def _unpack(spec: Spec, refs):
 
 def _present(spec: Spec) -> tuple[bool, ...]:
     """Which of ``TABLES`` the call has."""
-    return bool(spec.band), bool(spec.bias), bool(spec.values), bool(spec.fire)
+    return bool(spec.band), bool(spec.bias), bool(spec.values), spec.tile is not None
 
 
 def _accumulate(spec: Spec, ref, x0, value):
@@ -91,8 +91,8 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
         """Tile (i, t): the weights after dropout and ``ds``."""
         delta = spec.offset + (i - t) * s
         logits = common.logits(spec, skew, q_i, a_i, k_t, r["rows"], r["bias"], delta)
-        if spec.fire:
-            logits = logits + fire.bias(spec, r["fire"], delta, i)
+        if spec.tile is not None:
+            logits = logits + spec.tile.bias(spec, r["tile"], delta, i)
         ok = common.allowed(spec, delta, r["valid"][:, block(t)])
         p = jnp.where(ok, jnp.exp(logits - lse_i), 0.0)
         dp = common.dot_nt(do_i, v_t)
@@ -146,10 +146,10 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
                 )
             if spec.values:
                 _accumulate(spec, r["d_vrows"], x0, common.dot_tn(skew.spread(p), do_g.astype(F32)))
-            if spec.fire:
+            if spec.tile is not None:
                 delta = spec.offset + (g - t) * s
-                row = fire.gradient(spec, r["fire"], delta, g, ds)
-                _accumulate(spec, r["d_fire"], None, row)
+                row = spec.tile.gradient(spec, r["tile"], delta, g, ds)
+                _accumulate(spec, r["d_tile"], None, row)
             return dq, da
 
         zeros = jnp.zeros(q_g.shape, F32)
@@ -165,8 +165,8 @@ def kernel(spec: Spec, per_head: dict[str, bool], *refs):
             r["da"][...] = jnp.zeros(r["da"].shape, r["da"].dtype)
 
 
-def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_out, lse, d_rows_sum):
-    """``(dq, da, dk, dv, d_rows, d_bias, d_vrows, d_fire)`` float32 of the padded, head-major inputs
+def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, tile_rows, seed, d_out, lse, d_rows_sum):
+    """``(dq, da, dk, dv, d_rows, d_bias, d_vrows, d_tile)`` float32 of the padded, head-major inputs
     (``d_rows_sum [B, N, Tp, 1]``: ``Σ_h dO·O``); queries' gradients come ``[B, N, Kp, H]``."""
     batch, heads, q_len, head_dim = q.shape
     k_len, s = k.shape[2], spec.block
@@ -178,7 +178,7 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_ou
         inputs, specs = [*inputs, a], [*specs, whole(a)]
     inputs += [k, v, valid]
     specs += [whole(k), whole(v), launch.whole(valid.shape)]
-    every = (rows, bias, vrows, fire_rows)
+    every = (rows, bias, vrows, tile_rows)
     tables = [x for there, x in zip(_present(spec), every, strict=True) if there]
     inputs += tables
     specs += [launch.table(x, heads, head_axis=0) for x in tables]
@@ -206,4 +206,4 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed, d_ou
     grads = {}
     for name, there in zip(TABLES, _present(spec), strict=True):
         grads[name] = out.pop(0) if there else None
-    return dq, da, dk, dv, grads["d_rows"], grads["d_bias"], grads["d_vrows"], grads["d_fire"]
+    return dq, da, dk, dv, grads["d_rows"], grads["d_bias"], grads["d_vrows"], grads["d_tile"]

@@ -28,6 +28,26 @@ NEG = float(jnp.finfo(F32).min)
 BIAS_WIDTH = 16  # a bias table's rows: the bias in lane 0 (the narrowest product Triton takes)
 
 
+class TileTerm:
+    """A term that a scheme evaluates inside each tile, where it is no table by distance (it
+    depends on the query's position too: FIRE's normaliser), from one float32 row of ``WIDTH``
+    lanes per head that the scheme packs from its parameters. Part of ``Spec``, so hashable (a
+    frozen dataclass). The kernels call ``bias`` for a tile's ``[S, S]`` logits term and, in the
+    backward, ``gradient`` for the row's ``[1, WIDTH]`` gradient from the tile's logit gradient
+    ``ds``; the packing's own vjp carries it to the scheme's parameters."""
+
+    WIDTH = 128
+
+    def bias(self, spec: Spec, ref, delta, q_block) -> jax.Array:
+        """The ``[S, S]`` term of the tile at offset ``δ`` (``distance``) of query block
+        ``q_block``; ``ref`` the head's row."""
+        raise NotImplementedError
+
+    def gradient(self, spec: Spec, ref, delta, q_block, ds) -> jax.Array:
+        """``[1, WIDTH]``: the gradient of the head's row from the tile's ``ds [S, S]``."""
+        raise NotImplementedError
+
+
 class Spec(NamedTuple):
     """The static part of one kernel call."""
 
@@ -46,7 +66,7 @@ class Spec(NamedTuple):
     q_blocks: int
     k_blocks: int
     interpret: bool = False
-    fire: int = 0  # FIRE's bias evaluated in the tile (``kernel.fire``): its hidden units
+    tile: TileTerm | None = None  # a term the scheme evaluates in each tile (FIRE's), if any
 
 
 def dot(x, y):

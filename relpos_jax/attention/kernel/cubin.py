@@ -160,7 +160,7 @@ TERMS = {
     "txl": ("band",),
     "shaw": ("band", "values"),
     "t5": ("bias",),  # T5, ALiBi, KERPLE
-    "fire": ("fire",),
+    "fire": ("tile",),  # a term evaluated in each tile: FIRE's
 }
 
 
@@ -175,19 +175,22 @@ def attention_step(terms: tuple[str, ...], head_dim: int, dtype, backend: str = 
 
     keys = memory + queries
 
-    def loss_and_grads(q, k, v, a, logit_rows, bias_rows, value_rows, fire_rows):
+    from relpos_jax.schemes.fire import FireTile  # the tile term measured: FIRE's, 32 units
+
+    def loss_and_grads(q, k, v, a, logit_rows, bias_rows, value_rows, tile_rows):
         tables = {
             "a": a if "band" in terms else None,
             "logit_rows": logit_rows if "band" in terms else None,
             "bias_rows": bias_rows if "bias" in terms else None,
             "value_rows": value_rows if "values" in terms else None,
-            "fire_rows": fire_rows if "fire" in terms else None,
+            "tile_rows": tile_rows if "tile" in terms else None,
         }
+        tile = FireTile(32) if "tile" in terms else None
 
         def loss(q, k, v, tables):
-            out = kernel.attend(q, k, v, key_valid=jnp.ones(keys, bool), scale=head_dim**-0.5,
-                                backend=backend, block=block, fire_hidden=32 * ("fire" in terms),
-                                **tables, **options)  # fmt: skip
+            out = kernel.attend(q, k, v, kernel.Terms(**tables, tile=tile),
+                                key_valid=jnp.ones(keys, bool), scale=head_dim**-0.5,
+                                backend=backend, block=block, **options)  # fmt: skip
             return out.astype(jnp.float32).sum()
 
         return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, tables)

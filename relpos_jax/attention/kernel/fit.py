@@ -29,21 +29,22 @@ STAGES_SKEWED, STAGES_PLAIN = 1, 2
 CONSTANT = 4096
 PRE_HOPPER = 1.4  # the backward's bound with a band (txl, Shaw) before compute capability 9.0
 # (a, c, d) of the bound, forward and backward, by the kernel's terms (``Spec``'s band, values,
-# bias, fire); fit to the compiled kernels at S 32 and 64, H 16 to 128, bfloat16 and float32
+# bias, tile: a term evaluated in each tile, measured with FIRE's of 32 hidden units); fit to the
+# compiled kernels at S 32 and 64, H 16 to 128, bfloat16 and float32
 _COEFFICIENTS = {
     (): ((3.0, 0.0, 0.0), (6.0, 0.0, 1.0)),
     ("band",): ((3.25, 1.0, 1.75), (5.0, 2.0, 2.0)),
     ("band", "values"): ((2.0, 2.0, 2.0), (3.0, 4.0, 2.0)),
     ("bias",): ((2.0, 0.0, 2.25), (5.0, 0.0, 2.0)),
-    ("fire",): ((2.5, 0.0, 1.0), (6.0, 0.0, 0.75)),
+    ("tile",): ((2.5, 0.0, 1.0), (6.0, 0.0, 0.75)),
 }
-TERMS = ("band", "values", "bias", "fire")  # a kernel's relative terms, in this order
+TERMS = ("band", "values", "bias", "tile")  # a kernel's relative terms, in this order
 
 
-def terms_of(band: bool, values: bool, bias: bool, fire: bool) -> tuple[str, ...]:
+def terms_of(band: bool, values: bool, bias: bool, tile: bool) -> tuple[str, ...]:
     """The names of the terms present (``_COEFFICIENTS``' keys)."""
     return tuple(
-        name for name, there in zip(TERMS, (band, values, bias, fire), strict=True) if there
+        name for name, there in zip(TERMS, (band, values, bias, tile), strict=True) if there
     )
 
 
@@ -121,8 +122,8 @@ def mosaic_vmem_bytes(terms: tuple[str, ...], queries: int, keys: int, head_dim:
     up = lambda x, m: -(-x // m) * m  # noqa: E731
     t, k, h = up(queries, block), up(keys, block), up(head_dim, LANES)
     rows = keys + 4 * block + SUBLANES
-    tables = sum(  # by distance; FIRE's is one row of its parameters
-        (SUBLANES * LANES if term == "fire" else rows * up(TABLE_WIDTH[term] or head_dim, LANES))
+    tables = sum(  # by distance; a tile term is one row of parameters
+        (SUBLANES * LANES if term == "tile" else rows * up(TABLE_WIDTH[term] or head_dim, LANES))
         * 4
         for term in terms
     )

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from relpos_jax.attention.kernel import common, fire, launch
+from relpos_jax.attention.kernel import common, launch
 from relpos_jax.attention.kernel.common import F32, NEG, Spec
 from relpos_jax.attention.kernel.skew import Skew
 
@@ -24,7 +24,7 @@ def _unpack(spec: Spec, refs):
     names["q"], names["a"] = refs.pop(0), take(spec.band)
     names["k"], names["v"], names["valid"] = refs.pop(0), refs.pop(0), refs.pop(0)
     for name, present in (("rows", spec.band), ("bias", spec.bias), ("vrows", spec.values),
-                          ("fire", spec.fire)):  # fmt: skip
+                          ("tile", spec.tile is not None)):  # fmt: skip
         names[name] = take(present)
     names["seed"], names["out"], names["lse"] = refs.pop(0), refs.pop(0), refs.pop(0)
     names["scratch"] = take(spec.backend == "triton")
@@ -46,8 +46,8 @@ def kernel(spec: Spec, *refs):
         keys = pl.ds(pl.multiple_of(t * s, s), s)
         k, v = r["k"][keys, :], r["v"][keys, :]
         logits = common.logits(spec, skew, q, a, k, r["rows"], r["bias"], delta)
-        if spec.fire:
-            logits = logits + fire.bias(spec, r["fire"], delta, i)
+        if spec.tile is not None:
+            logits = logits + spec.tile.bias(spec, r["tile"], delta, i)
         ok = common.allowed(spec, delta, r["valid"][:, keys])
         logits = jnp.where(ok, logits, NEG)
         m_new = jnp.maximum(m, logits.max(axis=1, keepdims=True))
@@ -72,7 +72,7 @@ def kernel(spec: Spec, *refs):
     r["lse"][...] = jnp.where(some, m + jnp.log(l_safe), NEG)
 
 
-def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed):
+def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, tile_rows, seed):
     """``(out [B, N, Tp, H], lse [B, N, Tp, 1] float32)`` of padded, head-major inputs."""
     batch, heads, q_len, head_dim = q.shape
     s = spec.block
@@ -83,7 +83,8 @@ def call(spec: Spec, q, a, k, v, valid, rows, bias, vrows, fire_rows, seed):
         inputs, specs = [*inputs, a], [*specs, q_block]
     inputs += [k, v, valid]
     specs += [window, window, launch.whole(valid.shape)]
-    tables = ((spec.band, rows), (spec.bias, bias), (spec.values, vrows), (spec.fire, fire_rows))
+    tables = ((spec.band, rows), (spec.bias, bias), (spec.values, vrows),
+              (spec.tile is not None, tile_rows))  # fmt: skip
     for present, table in tables:
         if present:
             inputs.append(table)

@@ -43,7 +43,7 @@ def scratch(spec: Spec, grid: tuple[int, ...]):
 
 def terms(spec: Spec) -> tuple[str, ...]:
     """The relative terms of a call (``kernel.fit``'s keys)."""
-    return fit.terms_of(spec.band, spec.values, spec.bias, bool(spec.fire))
+    return fit.terms_of(spec.band, spec.values, spec.bias, spec.tile is not None)
 
 
 def vmem_limit() -> int | None:

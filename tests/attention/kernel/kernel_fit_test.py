@@ -54,8 +54,8 @@ def test_the_block_is_the_largest_whose_kernels_fit(terms, head_dim, dtype, capa
 def test_one_stage_wherever_the_scratch_buffer_is_read_back():
     for terms in (("band",), ("band", "values"), ("bias",)):
         assert fit.stages(terms, backward=False) == 1
-    assert fit.stages((), backward=False) == fit.stages(("fire",), backward=False) == 2
-    assert all(fit.stages(t, backward=True) == 1 for t in ((), ("band",), ("fire",)))
+    assert fit.stages((), backward=False) == fit.stages(("tile",), backward=False) == 2
+    assert all(fit.stages(t, backward=True) == 1 for t in ((), ("band",), ("tile",)))
 
 
 @pytest.mark.parametrize(("scheme", "stages"), [("txl", 1), ("shaw", 1), ("t5", 1), ("rope", 2)])
@@ -72,8 +72,9 @@ def test_an_explicit_block_a_gpu_cannot_hold_is_one_line():
     rows = jax.ShapeDtypeStruct((2, 256, 64), jnp.float32)
 
     def call(block):
-        return lambda q, rows: kernel.attend(q, q, q, key_valid=jnp.ones(128, bool), scale=1.0,
-                                             a=q, logit_rows=rows, block=block, backend="triton")  # fmt: skip
+        return lambda q, rows: kernel.attend(q, q, q, kernel.Terms(a=q, logit_rows=rows),
+                                             key_valid=jnp.ones(128, bool), scale=1.0, block=block,
+                                             backend="triton")  # fmt: skip
 
     with backend.target("gpu", RTX_4090):
         with pytest.raises(ValueError) as error:

@@ -44,6 +44,6 @@ def test_forward_and_backward_lower_in_bfloat16(scheme, platform):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_every_term_with_same_length_and_dropout_lowers_in_float32(platform):
-    module = _export(platform, ("band", "bias", "values", "fire"), jnp.float32, max_distance=M,
+    module = _export(platform, ("band", "bias", "values", "tile"), jnp.float32, max_distance=M,
                      dropatt=0.1, seed=jnp.int32(3))  # fmt: skip
     assert "tpu_custom_call" in module or "__gpu$xla.gpu.triton" in module

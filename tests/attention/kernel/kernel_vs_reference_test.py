@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from relpos_jax.attention import kernel
-from relpos_jax.attention.kernel import fire as fire_term
 from relpos_jax.attention.kernel import skew
+from relpos_jax.schemes import fire
 
 B, T, M, N, H = 2, 40, 24, 2, 16
 # (backend, interpreted): both variants in the interpreter; compiled too on a GPU or TPU
@@ -106,6 +106,20 @@ def _inputs(terms):
     return arrays, valid, options
 
 
+def _attend(arrays, **options):
+    """``kernel.attend`` of arrays by name: q, k, v, the terms (FIRE's parameters as its tile term
+    and rows) and the rest."""
+    arrays = dict(arrays)
+    q, k, v = arrays.pop("q"), arrays.pop("k"), arrays.pop("v")
+    terms = {
+        n: arrays.pop(n) for n in ("a", "logit_rows", "bias_rows", "value_rows") if n in arrays
+    }
+    if "fire" in arrays:
+        fire_ = arrays.pop("fire")
+        terms |= {"tile_rows": fire.pack(**fire_), "tile": fire.FireTile(fire_["w1"].shape[0])}
+    return kernel.attend(q, k, v, kernel.Terms(**terms), **arrays, **options)
+
+
 def _loss(out):
     return (out * jnp.cos(jnp.arange(H))).sum()
 
@@ -117,11 +131,8 @@ def test_kernel_equals_the_float64_reference(case, backend, interpret, x64):
 
     def run_kernel(arrays):
         f32 = jax.tree.map(lambda x: x.astype(jnp.float32), arrays)
-        if "fire" in f32:
-            fire = f32.pop("fire")
-            f32 |= {"fire_rows": fire_term.pack(**fire), "fire_hidden": fire["w1"].shape[0]}
-        return kernel.attend(**f32, key_valid=valid, scale=SCALE, block=16, backend=backend,
-                             interpret=interpret, **options)  # fmt: skip
+        return _attend(f32, key_valid=valid, scale=SCALE, block=16, backend=backend,
+                       interpret=interpret, **options)  # fmt: skip
 
     def run_reference(arrays):
         return _reference(**arrays, valid=valid, **options)
@@ -143,8 +154,8 @@ def test_kernel_equals_the_float64_reference(case, backend, interpret, x64):
 def test_bfloat16_inputs_accumulate_in_float32(backend, interpret):
     arrays, valid, _ = _inputs({"band", "bias", "values"})
     bf16 = {name: jnp.asarray(x, jnp.bfloat16) for name, x in arrays.items()}
-    out = kernel.attend(**bf16, key_valid=valid, scale=SCALE, block=16, backend=backend,
-                        interpret=interpret)  # fmt: skip
+    out = _attend(bf16, key_valid=valid, scale=SCALE, block=16, backend=backend,
+                  interpret=interpret)  # fmt: skip
     assert out.dtype == jnp.bfloat16
     rounded = {name: jnp.asarray(x, jnp.float32) for name, x in bf16.items()}
     want = _reference(**rounded, valid=valid)
@@ -173,4 +184,4 @@ def test_bad_arguments_are_refused_in_one_line():
         call = dict(arrays, key_valid=valid, scale=SCALE, block=16, backend="triton",
                     interpret=True) | change  # fmt: skip
         with pytest.raises(ValueError, match=message):
-            kernel.attend(**call)
+            _attend(call)
