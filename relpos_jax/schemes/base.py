@@ -8,7 +8,7 @@ explicit positions of the attention window, and supplies only the hooks it needs
 hook                  what it gives, and who uses it
 ====================  =========================================================================
 ``embed``             absolute positions added to the token embeddings (sinusoid, learned)
-``rotate``            a q/k transform from the positions (rope and its scalings)
+``rotate``            a q/k transform from the positions (rope and its scalings, xpos)
 ``content_query``     the query of the content product ``q·k`` (txl: ``q + u``)
 ``score_term``        ``[B, N, I, J]`` added to ``q·k`` inside the scaled product (txl, shaw, deberta)
 ``bias``              ``[N, I, J]`` added after scaling (t5, alibi)
@@ -20,7 +20,8 @@ hook                  what it gives, and who uses it
                       distance once (``attention.band``); ``score_term`` gives the dense window's
 ``distance_tables``   a score or value term as tables by distance for the fused kernels
                       (``attention.kernel``), where the band and bias hooks do not give them
-                      (shaw: its key and value tables; fire: its parameters, evaluated per tile)
+                      (shaw: its key and value tables), or a term the kernels evaluate in each
+                      tile (fire: ``tile``, a ``kernel.TileTerm``, and its ``tile_rows``)
 ``fused``             whether the kernels can run the scheme (False: DeBERTa; the tiled path
                       runs it)
 ====================  =========================================================================
@@ -42,8 +43,8 @@ Its parameters are a child module, ``position``, of what owns them: ``Parameters
 config and the arrays by name) of the attention for a layer's (``layer_params``), of the model for
 those shared by every layer (``shared_params``). The hooks that act on a tile (``content_query``,
 ``score_term``, ``band_query``, ``band_rows``, ``bias``, ``value_term``) receive the layer's
-``Parameters`` as ``own``: in the tiled path and the kernels the same module, rebuilt from its
-arrays (``nnx.merge``). The hooks of a whole layer (``layer_context``, ``rotate``,
+``Parameters`` as ``own``: in the tiled path the same module, rebuilt from its arrays
+(``nnx.merge``). The hooks of a whole layer (``layer_context``, ``rotate``,
 ``distance_tables``) receive the attention, those of the whole model (``context``, ``embed``) the
 model: each reads its scheme's parameters under ``.position``.
 
@@ -206,9 +207,9 @@ class Scheme:
     def distance_tables(self, attention: Any, context: Any, count: int) -> dict[str, jax.Array]:
         """Tables by distance ``0 … count − 1``, ``[N or 1, count, H]`` (1: shared by the heads):
         ``"key_rows"`` scored against the query inside the scaled product (``q_i·w_d``), and
-        ``"value_rows"`` added to the output (``Σ_j p_ij w_d``); or FIRE's parameters, ``"fire"``
-        (``attention.kernel.fire.pack``'s arguments). Only for terms the band and bias hooks do not
-        give."""
+        ``"value_rows"`` added to the output (``Σ_j p_ij w_d``); or a term the kernels evaluate in
+        each tile, ``"tile"`` (a ``kernel.TileTerm``) with its ``"tile_rows"`` ``[N, 1, 128]``
+        (FIRE). Only for terms the band and bias hooks do not give."""
         return {}
 
     def value_term(
