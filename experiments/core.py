@@ -43,7 +43,7 @@ FACTORS = "1,2,4,8,16,32,64,128,256,512"  # of segment 64: up to 32,768, both pr
 
 
 def commands(args) -> list[list[str]]:
-    """The sweeps' command lines, in order (``python -m bench.<sweep> …``)."""
+    """The sweeps' command lines, in order (``python -m experiments.<sweep> …``)."""
     seeds, sets = ",".join(map(str, args.seeds)), [f"--set={s}" for s in (*SIZES, *args.set)]
     runs, out = ["--runs", args.runs], ["--out", args.out]
     common = ["--steps", str(args.steps), "--seeds", seeds, *runs, *sets, *out]
