@@ -3,7 +3,8 @@
     .venv/bin/python -m experiments.leaderboard [--results docs/results] [--out docs/results]
 
 Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--out``, a row for each
-scheme × memory and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
+scheme the JSONs measured × memory (a scheme no sweep has run yet, such as one just added, has no
+row: adding a scheme changes no table) and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
 mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
 from ``ablation_windows.npz``; ``sweep.Compare``):
 
@@ -154,7 +155,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
     ]
-    for scheme in POSITIONS:
+    measured = {scheme for scheme, _, _ in cells}
+    for scheme in (s for s in POSITIONS if s in measured):
         for memory in (True, False):
             row = []
             for column in COLUMNS:
