@@ -109,9 +109,10 @@ class FiniteCheck:
             self._pending = None
 
     def _check(self, step: int, metrics: dict[str, jax.Array]) -> None:
-        self.in_a_row = int(scalar(metrics["in_a_row"]))  # from the state: it survives a resume
         if bool(scalar(metrics["finite"])):
+            self.in_a_row = 0  # a finite step resets the optimizer's count too
             return
+        self.in_a_row = int(scalar(metrics["in_a_row"]))  # from the state: it survives a resume
         self.checkpointer.wait()  # a save still being written is finished before the run ends
         loss, norm = scalar(metrics["loss"]), scalar(metrics["grad_norm"])
         quantity = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {norm}"

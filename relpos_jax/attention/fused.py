@@ -24,6 +24,7 @@ Pallas' interpreter (exact and slow: for tests).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -209,7 +210,7 @@ def _kernel(arrays: dict, options: dict) -> jax.Array:
     return kernel.attend(q, k, v, terms, **arrays, **options)
 
 
-TERMS = ("a", "logit_rows", "bias_rows", "value_rows", "tile_rows")  # ``kernel.Terms``' arrays
+TERMS = tuple(f.name for f in dataclasses.fields(kernel.Terms) if f.name != "tile")  # its arrays
 
 
 def _per_device(arrays: dict, options: dict) -> jax.Array:
