@@ -42,11 +42,13 @@ from bench import args as options
 from bench.measure import ROOT
 from experiments import sweep
 from experiments.common import config_for, run_name
-from relpos_jax.analysis.context_losses import MEMORY, scoring_for
+from relpos_jax.analysis.context_losses import MEMORY, WINDOW, scoring_for, trained_window
 from relpos_jax.config import POSITIONS, load_config
 
 R_VALUES = (0.1, 0.5, 1.0)
-PROTOCOL = 2  # recl.json's layout: fixed Δ, the group as given, scored as trained, intervals
+# recl.json's layout: fixed Δ, the group as given, scored as trained, intervals (2); absolute
+# positions scored in windows of at most their trained length (3)
+PROTOCOL = 3
 PAPER_GROUP = "txl:M,shaw:M,txl:0,sinusoid:0"
 PAPER = {  # Dai et al. 2019, Table 8 (WikiText-103, 128M models): RECL at r = 0.1 / 0.5 / 1.0
     ("txl", True): ("Transformer-XL 128M", "700 / 600 / 500"),
@@ -117,16 +119,17 @@ def measure(args, seed, group: list[Member]) -> list[dict]:
         model, cfg, step = restore_model(member.config, member.workdir)
         test = data.open_data(cfg.data, "test")
         scoring = scoring_for(member.mem_len)
+        longest = trained_window(cfg) if scoring == WINDOW else None
         losses[member.label] = scoring_losses(
             model, test, args.contexts, scoring=scoring, segment_len=args.segment,
-            n_tokens=args.tokens, batch_size=BATCH_ROWS,
+            n_tokens=args.tokens, batch_size=BATCH_ROWS, longest_window=longest,
         )  # fmt: skip
         bpc = {str(c): float(v.mean()) / math.log(2) for c, v in losses[member.label].items()}
         print(f"{member.label}, seed {seed} (step {step}, {scoring}):",
               {c: round(b, 4) for c, b in bpc.items()})  # fmt: skip
         rows.append({
             "label": member.label, "scheme": member.scheme, "seed": seed,
-            "mem_len": member.mem_len, "scoring": scoring, "bpc": bpc,
+            "mem_len": member.mem_len, "scoring": scoring, "longest_window": longest, "bpc": bpc,
             "trained": trained(member.workdir),
         })  # fmt: skip
     b = args.bootstrap
@@ -180,7 +183,9 @@ def dry_run(groups: dict, results: dict, earlier: dict | None, args) -> str:
         lines.append(f"seed {seed}: " + ("in recl.json already" if done else "to measure"))
         for member in group:
             ready = (member.workdir / "checkpoints").exists()
-            scored = "with memory c" if scoring_for(member.mem_len) == MEMORY else "in windows"
+            longest = trained_window(member.config)
+            scored = ("with memory c" if scoring_for(member.mem_len) == MEMORY else "in windows"
+                      + (f" of at most {longest} (absolute positions)" if longest else ""))  # fmt: skip
             lines.append(f"  {member.label}: {member.workdir} ({scored})"
                          + ("" if ready else ", not trained"))  # fmt: skip
             if not ready and member.scheme is not None:
@@ -208,6 +213,12 @@ def _interval(row: dict, r, longest: int) -> str:
     return f"{_bounded(point, longest)} [{lo}, {_bounded(hi, longest)}]"
 
 
+def _scored(row: dict) -> str:
+    """How a row's model was scored: memory, windows, or windows of at most its trained length."""
+    longest = row.get("longest_window")
+    return f"{row['scoring']}s ≤ {longest}" if longest else row["scoring"]
+
+
 def render(results: dict) -> str:
     if results.get("protocol") is None:
         return render_earlier(results)
@@ -220,6 +231,12 @@ def render(results: dict) -> str:
     shown = contexts if len(contexts) <= 4 else [*contexts[:3], "…", longest]
     steps = ", ".join(map(str, shown))
     r_head = " | ".join(f"RECL r={r}" for r in results["r"])
+    capped = (
+        " A model with absolute positions (*windows ≤ W*) is given windows of at most its "
+        "training window W, as a vanilla Transformer is evaluated: it never trained on a position "
+        "past W, so a longer window would score untrained positions, not unused context. Its "
+        f"loss stops changing at c = W − {seg}."
+    )
     lines = [
         "# Relative effective context length (Transformer-XL §4.3, appendix C)",
         "",
@@ -242,7 +259,7 @@ def render(results: dict) -> str:
         "trained with);",
         f"- *windows* (trained without memory): each segment of {seg} targets from a fresh window "
         f"of the c + {seg} tokens that end with it, no memory; a token at offset j sees exactly "
-        "the c + j tokens before it.",
+        "the c + j tokens before it." + (capped if results["protocol"] >= 3 else ""),
         "",
         f"Every token attends to between c and c + {seg - 1} earlier tokens in both; at c = 0 "
         "the two are the same evaluation. **RECL**: the first c whose step to c + Δ lowers the "
@@ -266,7 +283,7 @@ def render(results: dict) -> str:
         name, values = PAPER.get((rows[0]["scheme"], rows[0]["mem_len"] > 0), ("", ""))
         paper = f"{name}: {values}" if name else ""
         lines.append(
-            f"| {label} | {rows[0]['scoring']} | {len(rows)} | {' | '.join(cells)} | {paper} |"
+            f"| {label} | {_scored(rows[0])} | {len(rows)} | {' | '.join(cells)} | {paper} |"
         )
     if several:
         lines += [

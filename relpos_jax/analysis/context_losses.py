@@ -13,6 +13,9 @@ Two scorings of the same targets, with the same attention span per token:
   from a fresh window of its c + s inputs (the c before the segment, then its own s), no memory,
   positions from 0 at the window's start; only its last s are scored. The token at offset j sees
   exactly the c + j tokens before it and nothing older: a vanilla sliding window with stride s.
+  A model with absolute positions (``trained_window``) never saw a position past its training
+  window W: its windows stop growing at W (context min(c, W − s)), as a vanilla Transformer is
+  evaluated, so that positions it never trained on are not scored as context it failed to use.
 
 So at every c a token at offset j attends to c + j earlier tokens in both scorings (between c and
 c + s − 1); what the memory scoring adds is the recurrence, which is what the memory model was
@@ -48,6 +51,16 @@ SCORINGS = (MEMORY, WINDOW)
 def scoring_for(mem_len: int) -> str:
     """How a model trained with memory ``mem_len`` is scored: with memory, or in windows (0)."""
     return MEMORY if mem_len > 0 else WINDOW
+
+
+def trained_window(cfg) -> int | None:
+    """The longest window a model of ``cfg`` (a ``Config``) trained without memory is scored with:
+    its training window (``data.segment_len``) where its positions are absolute (its scheme adds
+    them to the embeddings: a later position was never trained), else None (any length)."""
+    from relpos_jax import schemes
+
+    absolute = schemes.overrides(schemes.get(cfg.model.position), "embed")
+    return cfg.data.segment_len if absolute and cfg.model.mem_len == 0 else None
 
 
 def _negated(log_probs: jax.Array, segment: dict) -> jax.Array:
@@ -184,12 +197,14 @@ def window_token_losses(
     n_tokens: int,
     batch_size: int,
     windows_per_call: int | None = None,
+    longest_window: int | None = None,
 ) -> dict[int, np.ndarray]:
     """{context: per-token losses [n_tokens]} of the scored tokens (those of
     ``context_token_losses`` with the same ``segment_len``, ``n_tokens`` and ``batch_size`` rows),
     each segment of ``segment_len`` targets from a fresh window of the ``context + segment_len``
     inputs that end with it, without memory; ``windows_per_call`` (default ``batch_size``) windows
-    a compiled call, one compilation per context."""
+    a compiled call, one compilation per context. ``longest_window`` (``trained_window``; None: no
+    limit) caps the windows: a context past ``longest_window − segment_len`` is scored as that one."""
     layout = _layout(
         "window_token_losses", stream_or_tokens, contexts, segment_len, n_tokens, batch_size
     )
@@ -199,13 +214,25 @@ def window_token_losses(
         raise ValueError(
             f"window_token_losses: windows_per_call={per_call!r} is invalid; use an int >= 1"
         )
+    if longest_window is not None and (
+        isinstance(longest_window, bool) or not isinstance(longest_window, int)
+        or longest_window < seg
+    ):  # fmt: skip
+        raise ValueError(
+            f"window_token_losses: longest_window={longest_window!r} is invalid; use None or an "
+            f"int >= segment_len ({seg})"
+        )
     eval_model = with_config(model, dataclasses.replace(model.config, same_length=False))
     graphdef, state = nnx.split(eval_model)
     # Where each scored segment's inputs start in its row: (row, offset), row by row.
     starts = [(r, (first + i) * seg) for r in range(layout.rows) for i in range(layout.segments)]
+    by_context: dict[int, np.ndarray] = {}  # the losses of each context scored
     result = {}
     for context in contexts:
-        c = int(context)
+        c = int(context) if longest_window is None else min(int(context), longest_window - seg)
+        if c in by_context:  # capped: the longest window's losses again
+            result[int(context)] = by_context[c]
+            continue
         windows = np.stack([layout.tokens[r, p - c : p + seg + 1] for r, p in starts])
         losses = np.empty((len(windows), seg), np.float32)
         for k in range(0, len(windows), per_call):
@@ -213,7 +240,7 @@ def window_token_losses(
             padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_call - len(chunk), 0)])
             scores = window_losses(graphdef, state, padded[:, :-1], padded[:, 1:])  # one shape
             losses[k : k + len(chunk)] = np.asarray(scores)[: len(chunk), c:]
-        result[c] = layout.scored(losses.reshape(layout.rows, -1))
+        result[int(context)] = by_context[c] = layout.scored(losses.reshape(layout.rows, -1))
     return result
 
 
@@ -226,11 +253,15 @@ def scoring_losses(
     segment_len: int,
     n_tokens: int,
     batch_size: int,
+    longest_window: int | None = None,
 ) -> dict[int, np.ndarray]:
-    """The per-token losses of ``scoring`` (``memory`` or ``window``, see the module docstring)."""
+    """The per-token losses of ``scoring`` (``memory`` or ``window``, see the module docstring;
+    ``longest_window`` caps the windows)."""
     options = {"segment_len": segment_len, "n_tokens": n_tokens, "batch_size": batch_size}
     if scoring == MEMORY:
         return context_token_losses(model, stream_or_tokens, contexts, same_length=False, **options)
     if scoring == WINDOW:
-        return window_token_losses(model, stream_or_tokens, contexts, **options)
+        return window_token_losses(
+            model, stream_or_tokens, contexts, longest_window=longest_window, **options
+        )
     raise ValueError(f"scoring_losses: scoring={scoring!r} is invalid; use one of {SCORINGS}")

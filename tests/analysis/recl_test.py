@@ -267,6 +267,34 @@ def test_sliding_windows_equal_each_token_scored_alone_in_float64(position, n_to
         np.testing.assert_allclose(losses[c], expected, rtol=2e-5, atol=2e-5)
 
 
+def test_absolute_positions_are_scored_in_windows_no_longer_than_trained():
+    """A window cap W: contexts up to W − T are scored as without it, longer ones as W − T (an
+    absolute-position model never trained on a later position); the cap only where positions are
+    absolute and the model was trained without memory."""
+    from relpos_jax.analysis.context_losses import trained_window
+    from relpos_jax.config import Config
+
+    model = tiny_model("sinusoid")
+    kwargs = {"segment_len": T, "n_tokens": N, "batch_size": ROWS}
+    free = window_token_losses(model, TOKENS, [0, 3, 6, 9], **kwargs)
+    capped = window_token_losses(model, TOKENS, [0, 3, 6, 9], longest_window=T + 3, **kwargs)
+    for c in (0, 3):
+        np.testing.assert_array_equal(capped[c], free[c])
+    for c in (6, 9):
+        np.testing.assert_array_equal(capped[c], free[3])
+        assert np.abs(free[c] - free[3]).max() > 1e-3  # the cap changed what was scored
+    with pytest.raises(ValueError, match=r"longest_window=3 is invalid; use None or an int >= "):
+        window_token_losses(model, TOKENS, [0], longest_window=T - 1, **kwargs)
+
+    def config(position, mem_len):
+        return Config.from_any({"model": {"position": position, "mem_len": mem_len},
+                                 "data": {"segment_len": 64}})  # fmt: skip
+
+    assert trained_window(config("sinusoid", 0)) == trained_window(config("learned", 0)) == 64
+    assert trained_window(config("sinusoid", 64)) is None  # scored with memory, not in windows
+    assert trained_window(config("txl", 0)) is trained_window(config("alibi", 0)) is None
+
+
 def test_one_layer_sees_the_same_span_with_memory_and_in_windows():
     """One layer: memory holds the embeddings, so memory c (same_length=False) is the c + j window;
     with more layers they part only through the recurrence, never at c = 0."""
