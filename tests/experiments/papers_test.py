@@ -52,15 +52,52 @@ def test_claims_are_judged_by_the_order_of_the_two_sides_beyond_the_spread():
 
 
 def test_a_claim_measured_with_a_former_implementation_is_not_comparable():
-    scores = {"alibi": {16: [2.70, 2.71, 2.72]}, "kerple": {16: [2.60, 2.61, 2.62]}}
+    scores = {"alibi": {32: [2.70, 2.71, 2.72]}, "kerple": {32: [2.60, 2.61, 2.62]}}
     results = {"extrapolation.json": _extrapolation(scores, commit="abc1234")}
-    claim = "at long lengths the logarithmic kernel is below ALiBi"
+    claim = "at 32× the trained length the logarithmic kernel is below ALiBi"
     assert _verdicts(results, current=True)[claim].verdict == "agrees"
     former = _verdicts(results, current=False)[claim]
     assert former.verdict == "not comparable" and "former KERPLE" in former.why
     assert "measured at abc1234" in former.why
     alibi = _verdicts(results, current=False)["at 16×, ALiBi below T5's buckets"]
     assert alibi.verdict == "not comparable" and alibi.ours == "not measured"
+
+
+def test_position_interpolation_is_judged_by_its_fine_tune_against_rope_at_its_length():
+    scores = {"rope": {1: [2.00, 2.01, 2.02]}, papers.PI_LABEL: {4: [1.90, 1.91, 1.92]}}
+    verdict = _verdicts({"extrapolation.json": _extrapolation(scores)})[
+        "a short fine-tune with interpolated positions makes the longer window useful: RoPE "
+        "fine-tuned at 4× below RoPE at 1×"
+    ]
+    assert verdict.verdict == "agrees" and "rope+linear, fine-tuned at 4×" in verdict.ours
+
+
+def _recl(intervals: dict[tuple[str, bool], list[tuple[int, int]]], protocol: int = 3) -> dict:
+    """A recl.json: each (scheme, memory)'s interval at r = 0.1 in each seed's group."""
+    runs = [
+        {"label": f"{scheme}, memory {64 if memory else 0}", "scheme": scheme,
+         "mem_len": 64 if memory else 0, "seed": seed, "recl": {"0.1": (lo + hi) // 2},
+         "recl_interval": {"0.1": [lo, hi]}}
+        for (scheme, memory), by_seed in intervals.items()
+        for seed, (lo, hi) in enumerate(by_seed)
+    ]  # fmt: skip
+    return {"recl.json": {"settings": {"group": "paper"}, "protocol": protocol, "runs": runs}}
+
+
+RECL_CLAIM = "RECL: TXL > with Shaw > without recurrence > vanilla"
+
+
+def test_recl_is_judged_pair_by_pair_down_the_papers_order_by_each_seeds_intervals():
+    ordered = {("txl", True): [(96, 128), (96, 96)], ("shaw", True): [(64, 64), (64, 64)],
+               ("txl", False): [(32, 32), (32, 32)], ("sinusoid", False): [(0, 0), (0, 0)]}  # fmt: skip
+    agrees = _verdicts(_recl(ordered))[RECL_CLAIM]
+    assert agrees.verdict == "agrees" and "txl, memory 64 above shaw, memory 64" in agrees.why
+    overlapping = {**ordered, ("shaw", True): [(64, 96), (96, 96)]}  # seed 1: txl not above
+    assert _verdicts(_recl(overlapping))[RECL_CLAIM].verdict == "not resolved"
+    reversed_ = {**ordered, ("sinusoid", False): [(64, 64), (64, 64)]}  # vanilla above txl none
+    assert _verdicts(_recl(reversed_))[RECL_CLAIM].verdict == "disagrees"
+    former = _verdicts(_recl(ordered, protocol=2))[RECL_CLAIM]
+    assert former.verdict == "not comparable" and "past its trained length" in former.why
 
 
 def test_the_committed_comparison_is_rendered_from_the_committed_jsons():
