@@ -255,6 +255,9 @@ class ModelConfig(_Section):
             adaptive.check(
                 self.vocab_size, self.cutoffs, self.div_val, self.embed_dim, self.tie_projs
             )
+        for name in schemes.names():  # every scheme's settings, then the named scheme's needs
+            if (own := getattr(self, name, None)) is not None:
+                schemes.get(name).check_settings(own)
         schemes.get(self.position).validate(self)
         if self.rope_scaling is not None:  # last, so that messages show the dict as given
             frozen = {

@@ -52,6 +52,10 @@ BAD = [
     (dict(position="shaw", shaw={"max_distance": 0}), "model.shaw.max_distance=0"),
     (dict(shaw_max_distance=8), "model.shaw_max_distance=8 is invalid; renamed: use model.shaw"),
     (dict(txl={"untie": True}), "model.txl.untie=True"),
+    # a scheme's settings are checked whichever scheme runs: a bad value is never silently unused
+    (dict(position="txl", t5={"num_buckets": 0}), "model.t5.num_buckets=0"),
+    (dict(position="alibi", fire={"init_c": -1.0}), "model.fire.init_c=-1.0"),
+    (dict(position="rope", xpos={"gamma": 0.0}), "model.xpos.gamma=0.0"),
 ]
 
 

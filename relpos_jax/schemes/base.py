@@ -27,7 +27,8 @@ hook                  what it gives, and who uses it
 ====================  =========================================================================
 
 A scheme declares its own settings, ``model.<name>.<field>`` (``config``: a ConfigDict of defaults,
-which ``configs/base.py`` adds to the model section; ``validate`` checks them, in one line), which
+which ``configs/base.py`` adds to the model section; ``check_settings`` checks them, in one line,
+for every scheme; ``validate`` checks the model values the named scheme needs), which
 of them a checkpoint must match (``must_match``: they decide the parameters' shapes or meaning), and
 the flat model fields they replaced (``renamed``: an old command line or dict is refused in one line
 that names the new field; an old checkpoint's saved values are read under them). It reads them as
@@ -146,9 +147,14 @@ class Scheme:
         """This scheme's settings in the model config ``cfg`` (``cfg.<name>``, read-only)."""
         return getattr(cfg, self.name)
 
+    def check_settings(self, own: Any) -> None:
+        """Refuse values of this scheme's own settings (``own``: ``model.<name>``) in one line
+        (``errors.fail``); called for every registered scheme, whichever the config names, so that
+        a bad value is refused even where another scheme runs."""
+
     def validate(self, cfg: Any) -> None:
-        """Refuse config values this scheme cannot use, its settings or the model's, in one line
-        (``errors.fail``); called for the scheme the config names."""
+        """Refuse model values this scheme cannot run with (the model config ``cfg``), in one line
+        (``errors.fail``); called for the scheme the config names, after ``check_settings``."""
 
     def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
         """Settings of this scheme (``config``) to set from the training attention ``window``

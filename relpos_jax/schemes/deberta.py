@@ -33,8 +33,7 @@ class DeBERTa(Scheme):
         # DeBERTa-v2's log buckets: 2 · bucket_size relative embeddings, exact up to bucket_size / 2
         return ml_collections.ConfigDict({"bucket_size": 256, "max_position": 512})
 
-    def validate(self, cfg: Any) -> None:
-        own = cfg.deberta
+    def check_settings(self, own: Any) -> None:
         at_least("model.deberta.bucket_size", own.bucket_size, 1)
         at_least("model.deberta.max_position", own.max_position, 1)
         if own.bucket_size % 2 or own.max_position <= own.bucket_size // 2 + 1:

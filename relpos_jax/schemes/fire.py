@@ -85,12 +85,12 @@ class Fire(Scheme):
         own.threshold = config_dict.placeholder(int)
         return own
 
-    def validate(self, cfg: Any) -> None:
-        at_least("model.fire.hidden", cfg.fire.hidden, 1)
-        if not cfg.fire.init_c > 0:
-            fail("model.fire.init_c", cfg.fire.init_c, "use a positive scale such as 0.1")
-        if cfg.fire.threshold is not None:
-            at_least("model.fire.threshold", cfg.fire.threshold, 1)
+    def check_settings(self, own: Any) -> None:
+        at_least("model.fire.hidden", own.hidden, 1)
+        if not own.init_c > 0:
+            fail("model.fire.init_c", own.init_c, "use a positive scale such as 0.1")
+        if own.threshold is not None:
+            at_least("model.fire.threshold", own.threshold, 1)
 
     def window_fields(self, cfg: Any, window: int) -> dict[str, Any]:
         return {"threshold": window} if cfg.fire.threshold is None else {}

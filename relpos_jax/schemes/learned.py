@@ -22,8 +22,8 @@ class Learned(Scheme):
     def config(self) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict({"max_len": 4096})  # rows of the table
 
-    def validate(self, cfg: Any) -> None:
-        at_least("model.learned.max_len", cfg.learned.max_len, 1)
+    def check_settings(self, own: Any) -> None:
+        at_least("model.learned.max_len", own.max_len, 1)
 
     def shared_params(self, cfg: Any, rngs) -> dict[str, Any]:
         shape = (cfg.learned.max_len, cfg.d_model)

@@ -25,8 +25,8 @@ class Shaw(Scheme):
     def config(self) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict({"max_distance": 64})  # k: the tables have 2k + 1 rows
 
-    def validate(self, cfg: Any) -> None:
-        at_least("model.shaw.max_distance", cfg.shaw.max_distance, 1)
+    def check_settings(self, own: Any) -> None:
+        at_least("model.shaw.max_distance", own.max_distance, 1)
 
     def layer_params(self, cfg: Any, rngs) -> dict[str, Any]:
         rows, h = 2 * cfg.shaw.max_distance + 1, cfg.head_dim

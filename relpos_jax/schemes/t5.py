@@ -25,8 +25,7 @@ class T5(Scheme):
         # the buckets (half exact distances, half logarithmic) and the distance of the last one
         return ml_collections.ConfigDict({"num_buckets": 32, "max_distance": 128})
 
-    def validate(self, cfg: Any) -> None:
-        own = cfg.t5
+    def check_settings(self, own: Any) -> None:
         at_least("model.t5.num_buckets", own.num_buckets, 1)
         at_least("model.t5.max_distance", own.max_distance, 1)
         if own.max_distance <= own.num_buckets // 2:

@@ -44,12 +44,11 @@ class XPos(RoPE):
         own.scale_base = 512.0  # γ: the distance over which a pair's term shrinks by ζ_i
         return own
 
-    def validate(self, cfg: Any) -> None:
-        super().validate(cfg)
-        if not cfg.xpos.gamma > 0:
-            fail("model.xpos.gamma", cfg.xpos.gamma, "use a positive offset such as 0.4")
-        if not cfg.xpos.scale_base > 0:
-            fail("model.xpos.scale_base", cfg.xpos.scale_base, "use a positive length such as 512")
+    def check_settings(self, own: Any) -> None:
+        if not own.gamma > 0:
+            fail("model.xpos.gamma", own.gamma, "use a positive offset such as 0.4")
+        if not own.scale_base > 0:
+            fail("model.xpos.scale_base", own.scale_base, "use a positive length such as 512")
 
     def context(self, model, q_pos, k_pos, deterministic) -> dict[str, Any]:
         context = super().context(model, q_pos, k_pos, deterministic)
