@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
     t.clip = 0.25  # global gradient-norm clip (the paper's); 0 disables
     t.grad_accum = 1  # split each batch into this many micro-batches (same result, less memory)
     t.seed = 0
+    # the first position of each segment whose loss trains the model: 0, every position (the full
+    # loss); data.segment_len // 2, the recent half (Dai et al.'s "half loss" for absolute
+    # encodings: no training on positions that see little context)
+    t.loss_from = 0
     # a run folder whose newest checkpoint's model starts this run (a fine-tune: a fresh optimizer,
     # data and schedule; e.g. RoPE's position interpolation at a longer data.segment_len)
     t.init_from = config_dict.placeholder(str)

@@ -3,12 +3,16 @@ over seeds.
 
     .venv/bin/python -m experiments.ablation [--steps 500] [--schemes txl,shaw,...] [--seeds 0,1,2]
         [--mem-len 128] [--set model.n_layers=12 ...]   # any config override, applied to every run
+        [--half-loss sinusoid]                          # also trained without memory on half loss
         [--dry-run]                                     # list the runs' command lines, run nothing
 
 Trains ``configs/<scheme>_small.py`` (txl_small's sizes, data and hyperparameters; only the position
 scheme differs) with memory (``--mem-len``, 128) and with ``mem_len`` 0, equal steps, on the
 embedded pystdlib corpus, each seed once: ``train.py`` then ``eval.py --splits test`` (every test
-token once, memory as trained). Finished runs under ``--runs`` are reused, so a stopped sweep goes
+token once, memory as trained). Each scheme of ``--half-loss`` is also trained without memory on
+Dai et al.'s "half loss" (``train.loss_from`` = half the segment: the absolute encodings of their
+Table 6 never train on positions with little context), its row ``<scheme>+half``. Finished runs
+under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
 same steps and overrides (their folders gone: another machine, a cleaned disk). Writes
 ``ablation.json`` (settings, commit, each run's test bpc; its test windows in
@@ -34,9 +38,20 @@ PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parame
     ("shaw", True): "27.94",
     ("txl", False): "29.59",
     ("shaw", False): "29.75",
-    ("sinusoid", False): "30.97 (Vaswani et al., half loss)",
-    ("learned", False): "31.16 (Al-Rfou et al., half loss)",
+    ("sinusoid+half", False): "30.97 (Vaswani et al., half loss)",
+    ("learned+half", False): "31.16 (Al-Rfou et al., half loss)",
 }
+HALF = "+half"  # the row of a scheme trained on half loss (``--half-loss``)
+
+
+def _run_name(label: str, mem_len: int, seed: int) -> str:
+    """A run's name from its row label (``sinusoid+half`` -> ``sinusoid_half_mem0_seed0``)."""
+    return run_name(label.replace(HALF, "_half"), mem_len, seed)
+
+
+def _position(label: str) -> str:
+    """The scheme of a row label."""
+    return label.removesuffix(HALF)
 
 
 def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
@@ -53,6 +68,17 @@ def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
                         *overrides(mem_len, seed, args.set),
                     ),
                 )  # fmt: skip
+    for scheme in getattr(args, "half_loss", ()):  # (the extrapolation sweep reuses runs_of)
+        loss_from = config_for(scheme, 0, 0, args.set).data.segment_len // 2
+        for seed in args.seeds:
+            name = _run_name(scheme + HALF, 0, seed)
+            runs[scheme + HALF, 0, seed] = sweep.Run(
+                name=name, workdir=pathlib.Path(args.runs) / name, config=config_file(scheme),
+                settings=(
+                    f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
+                    f"train.loss_from={loss_from}", *overrides(0, seed, args.set),
+                ),
+            )  # fmt: skip
     return runs
 
 
@@ -115,7 +141,7 @@ def render(results: dict) -> str:
 
 
 def _name(run: dict) -> str:
-    return run_name(run["scheme"], run["memory"], run["seed"])
+    return _run_name(run["scheme"], run["memory"], run["seed"])
 
 
 def _eval_tokens(args) -> int:
@@ -162,7 +188,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     summary = {key: sweep.mean_sd(values) for key, values in groups.items()}
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    schemes = sorted({s for s, _ in groups}, key=POSITIONS.index)
+    schemes = sorted({s for s, _ in groups}, key=lambda s: (POSITIONS.index(_position(s)), s))
     width = 0.4
     for i, mem_len in enumerate(sorted({m for _, m in groups}, reverse=True)):
         stats = [summary.get((s, mem_len), (float("nan"), 0.0)) for s in schemes]
@@ -187,7 +213,7 @@ def plot_positions(results: dict, path: pathlib.Path) -> None:
     for run in results["runs"]:
         if run.get("bpc_by_position"):
             curves.setdefault((run["scheme"], run["memory"]), []).append(run["bpc_by_position"])
-    schemes = sorted({s for s, _ in curves}, key=POSITIONS.index)
+    schemes = sorted({s for s, _ in curves}, key=lambda s: (POSITIONS.index(_position(s)), s))
     if not schemes:
         return
     columns = min(4, len(schemes))
@@ -215,6 +241,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
     parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
     parser.add_argument(
+        "--half-loss", type=options.listed(choices=POSITIONS), default="", metavar="A,B,...",
+        help="schemes also trained without memory on half loss (Table 6's absolute encodings)",
+    )  # fmt: skip
+    parser.add_argument(
         "--eval-every", type=int, default=0,
         help="validate every N steps during training (train.eval_every): the table of memory's "
         "effect as training grows (default: only the final test)",
@@ -238,6 +268,7 @@ def main() -> None:
         "settings": sweep.settings(
             ["experiments.ablation", *sys.argv[1:]], steps=args.steps, mem_len=args.mem_len,
             seeds=list(args.seeds), schemes=list(args.schemes), sets=list(args.set),
+            half_loss=list(args.half_loss),
             eval_every=args.eval_every, eval_tokens=_eval_tokens(args), missing=missing,
         ),
         "runs": [

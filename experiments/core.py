@@ -7,7 +7,8 @@ column of the leaderboard, then the claim-by-claim table against the papers.
 In order, each a sweep of its own that resumes where it stopped:
 
 1. ``experiments.ablation``: every scheme with memory 64 and without (Transformer-XL's Table 6 at small
-   scale: 4 layers, d_model 128, segment 64), ``--steps`` steps, ``--seeds``;
+   scale: 4 layers, d_model 128, segment 64), and the sinusoid without memory on half loss (the
+   paper's absolute encoding), ``--steps`` steps, ``--seeds``;
 2. ``experiments.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
    length (64 to 32,768), non-overlapping and in sliding windows, and RoPE's position-interpolation
    fine-tunes at 2×–8×;
@@ -34,6 +35,7 @@ from bench.measure import ROOT
 
 SIZES = ("model.n_layers=4", "model.d_model=128", "model.d_ff=512", "data.segment_len=64")
 MEMORY = 64
+HALF_LOSS = "sinusoid"  # Table 6's absolute encoding, also trained on half loss
 TRAINING = (
     "experiments.ablation",
     "experiments.extrapolation",
@@ -48,7 +50,7 @@ def commands(args) -> list[list[str]]:
     runs, out = ["--runs", args.runs], ["--out", args.out]
     common = ["--steps", str(args.steps), "--seeds", seeds, *runs, *sets, *out]
     return [
-        ["experiments.ablation", "--mem-len", str(MEMORY), *common],
+        ["experiments.ablation", "--mem-len", str(MEMORY), "--half-loss", HALF_LOSS, *common],
         ["experiments.extrapolation", "--models", "ablation", "--factors", FACTORS,
          "--sliding-up-to", str(64 * 512), *common],
         ["experiments.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,

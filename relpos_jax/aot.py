@@ -152,7 +152,9 @@ def train_step(config: Any, devices: Sequence[Any]) -> Program:
         graphdef, state = nnx.split(nnx.eval_shape(functools.partial(build, cfg)))
         shardings = sharding.state_shardings(state, mesh)
         leaves, treedef = jax.tree.flatten(shardings)
-        step = jitted_train_step(graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), mesh)
+        step = jitted_train_step(
+            graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), mesh, cfg.train.loss_from
+        )
         m, rows, length = cfg.model, cfg.data.batch_size, cfg.data.segment_len
         tokens = jax.ShapeDtypeStruct(
             (rows, length), jnp.int32, sharding=sharding.batch_sharding(mesh)

@@ -318,6 +318,7 @@ class TrainConfig(_Section):
     clip: float
     grad_accum: int
     seed: int
+    loss_from: int
     log_every: int
     eval_every: int
     eval_tokens: int
@@ -336,7 +337,14 @@ class TrainConfig(_Section):
             "max_consecutive_skips",
         ):
             at_least(f"train.{name}", getattr(self, name), 1)
-        for name in ("warmup_steps", "eval_every", "eval_tokens", "ckpt_every", "seed"):
+        for name in (
+            "warmup_steps",
+            "eval_every",
+            "eval_tokens",
+            "ckpt_every",
+            "seed",
+            "loss_from",
+        ):
             at_least(f"train.{name}", getattr(self, name), 0)
         if not self.lr > 0:
             fail("train.lr", self.lr, "use a positive learning rate such as 2.5e-4")
@@ -417,6 +425,13 @@ class Config:
                 "train.grad_accum",
                 self.train.grad_accum,
                 f"it must divide data.batch_size={self.data.batch_size} (micro-batches split the rows)",
+            )
+        if self.train.loss_from >= self.data.segment_len:
+            fail(
+                "train.loss_from",
+                self.train.loss_from,
+                f"use a position below data.segment_len={self.data.segment_len} "
+                f"(e.g. {self.data.segment_len // 2}, the recent half)",
             )
         # a scheme's fields whose default (None) is the training window: set here, where the data
         # section is known (FIRE's threshold)

@@ -72,8 +72,9 @@ class Trainer:
         )()
         leaves, treedef = jax.tree.flatten(self.state_sharding)
         self._train_step = jitted_train_step(
-            self.graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), self.mesh
-        )
+            self.graphdef, cfg.train.grad_accum, (treedef, tuple(leaves)), self.mesh,
+            cfg.train.loss_from,
+        )  # fmt: skip
         self.step = 0
         self.checkpointer = Checkpointer(
             self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints

@@ -53,10 +53,11 @@ def build(cfg: Config) -> tuple[TransformerLM, nnx.Optimizer]:
     return model, nnx.Optimizer(model, make_optimizer(cfg.train), wrt=nnx.Param)
 
 
-def segment_loss(model, inputs, targets, mems):
-    """The mean cross-entropy of one segment (dropout on) and the memory after it."""
+def segment_loss(model, inputs, targets, mems, loss_from: int = 0):
+    """The mean cross-entropy of one segment (dropout on) from its position ``loss_from`` on
+    (``train.loss_from``; 0: every position), and the memory after it."""
     log_probs, new_mems = model.target_log_probs(inputs, targets, mems, deterministic=False)
-    return -log_probs.mean(), new_mems
+    return -log_probs[:, loss_from:].mean(), new_mems
 
 
 def _micro_batches(tree, parts: int, axis: int):
@@ -69,7 +70,7 @@ def _micro_batches(tree, parts: int, axis: int):
     return jax.tree.map(split, tree)
 
 
-def _accumulated(model, grad_accum: int, batch, mems: Memory):
+def _accumulated(model, grad_accum: int, batch, mems: Memory, loss_from: int):
     """``(loss, new memory, gradients)`` of the batch as ``grad_accum`` micro-batches of its rows,
     one ``jax.lax.scan`` (one micro-batch is compiled, whatever their number): the gradients
     summed over the micro-batches and averaged, the losses averaged, each micro-batch with its
@@ -84,7 +85,9 @@ def _accumulated(model, grad_accum: int, batch, mems: Memory):
     def part_loss(params, rest, part):
         micro_model = nnx.merge(graphdef, params, rest, copy=True)  # variables of this trace
         part_mems = Memory(part["states"], mems.valid)
-        loss, new_mems = segment_loss(micro_model, part["inputs"], part["targets"], part_mems)
+        loss, new_mems = segment_loss(
+            micro_model, part["inputs"], part["targets"], part_mems, loss_from
+        )
         return loss, (new_mems, nnx.state(micro_model, nnx.Not(nnx.Param)))
 
     def micro_step(carry, part):
@@ -102,14 +105,15 @@ def _accumulated(model, grad_accum: int, batch, mems: Memory):
     return losses.mean(), new_mems, jax.tree.map(lambda g: g / grad_accum, grads)
 
 
-def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
-    """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows."""
+def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory, *, loss_from: int = 0):
+    """One optimizer step -> (new state, new memory, metrics). Micro-batches split the rows; the
+    loss counts each segment's positions from ``loss_from`` on."""
     model, optimizer = nnx.merge(graphdef, state)
     if grad_accum == 1:
         grad_fn = nnx.value_and_grad(segment_loss, has_aux=True)
-        (loss, new_mems), grads = grad_fn(model, batch["inputs"], batch["targets"], mems)
+        (loss, new_mems), grads = grad_fn(model, batch["inputs"], batch["targets"], mems, loss_from)
     else:
-        loss, new_mems, grads = _accumulated(model, grad_accum, batch, mems)
+        loss, new_mems, grads = _accumulated(model, grad_accum, batch, mems, loss_from)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     # A NaN loss can come with finite gradients (e.g. from a branch with zero derivative): make the
@@ -139,15 +143,16 @@ def train_step_fn(graphdef, grad_accum: int, state, batch, mems: Memory):
 
 
 @functools.cache
-def jitted_train_step(graphdef, grad_accum: int, state_sharding: tuple, mesh):
+def jitted_train_step(graphdef, grad_accum: int, state_sharding: tuple, mesh, loss_from: int = 0):
     """The jitted ``train_step_fn`` of a model graph, accumulation, state sharding (as
-    ``(treedef, leaves)``, hashable) and mesh, made once a process: the Trainers of one run (a
-    resume, a rerun in a notebook) share its trace and its compiled program. The batch, memory and
-    metrics shardings follow from the mesh."""
+    ``(treedef, leaves)``, hashable), mesh and ``train.loss_from``, made once a process: the
+    Trainers of one run (a resume, a rerun in a notebook) share its trace and its compiled program.
+    The batch, memory and metrics shardings follow from the mesh."""
     state = jax.tree.unflatten(*state_sharding)
     mems = sharding.memory_sharding(mesh)
+    step = functools.partial(train_step_fn, loss_from=loss_from)
     return jax.jit(
-        functools.partial(sharding.under_mesh(mesh, train_step_fn), graphdef, grad_accum),
+        functools.partial(sharding.under_mesh(mesh, step), graphdef, grad_accum),
         in_shardings=(state, sharding.batch_sharding(mesh), mems),
         out_shardings=(state, mems, sharding.replicated(mesh)),
         donate_argnums=(0, 2),

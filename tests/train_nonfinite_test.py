@@ -34,14 +34,14 @@ def _marked_corpus(config, tmp_path, steps: tuple[int, ...]):
 _REAL_LOSS = train_step.segment_loss
 
 
-def _nan_loss_at_marks(model, inputs, targets, mems):
-    loss, new_mems = _REAL_LOSS(model, inputs, targets, mems)
+def _nan_loss_at_marks(model, inputs, targets, mems, loss_from=0):
+    loss, new_mems = _REAL_LOSS(model, inputs, targets, mems, loss_from)
     return jnp.where(jnp.any(inputs == ord("~")), jnp.nan, loss), new_mems
 
 
-def _nan_gradient_at_marks(model, inputs, targets, mems):
+def _nan_gradient_at_marks(model, inputs, targets, mems, loss_from=0):
     """Finite loss, NaN gradient: d sqrt(x)/dx at 0 is inf, times a zero derivative."""
-    loss, new_mems = _REAL_LOSS(model, inputs, targets, mems)
+    loss, new_mems = _REAL_LOSS(model, inputs, targets, mems, loss_from)
     zero = jnp.where(jnp.any(inputs == ord("~")), 0.0, 1.0) * (1.0 + 0.0 * loss)
     return loss + jnp.sqrt(zero) - jnp.sqrt(jax.lax.stop_gradient(zero)), new_mems
 

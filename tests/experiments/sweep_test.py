@@ -246,9 +246,10 @@ def test_the_recl_dry_run_lists_the_groups_and_how_each_run_is_scored(tmp_path, 
     assert "seed 0: to measure" in printed
     assert f"txl, memory 64: {tmp_path / 'txl_mem64_seed0'} (with memory c)\n" in printed
     assert (
-        f"sinusoid, memory 0: {tmp_path / 'sinusoid_mem0_seed0'} (in windows), not trained"
-        in printed
-    )
+        f"sinusoid, memory 0: {tmp_path / 'sinusoid_mem0_seed0'} (in windows of at most 128 "
+        "(absolute positions)), not trained" in printed
+    )  # txl_small's segment: an absolute-position model never sees a longer window
+    assert f"txl, memory 0: {tmp_path / 'txl_mem0_seed0'} (in windows), not trained" in printed
     assert "python -m experiments.ablation --schemes shaw,txl,sinusoid --mem-len 64" in printed
     assert not (tmp_path / "out").exists()  # nothing measured, nothing written
 
