@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import ablation, extrapolation, probes, recl, sweep
+from experiments import ablation, extrapolation, extrapolation_tables, probes, recl, sweep
 from tests.helpers import ROOT
 
 
@@ -83,7 +83,9 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     fine_tuned = [r["bpc"] for r in results["runs"] if r["label"] == extrapolation.PI_LABEL]
     assert [set(b["non-overlapping"]) for b in fine_tuned] == [{"16"}, {"32"}]  # 2×, then 4×
     assert (tmp_path / "runs" / "rope_pi4_len8_seed0" / "eval.json").exists()
-    assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation.render(results)
+    assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation_tables.render(
+        results
+    )
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
     command = experiment(
@@ -153,7 +155,7 @@ def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_proto
     }  # fmt: skip
     runs = [{"scheme": "alibi", "variant": "defaults", "seed": 0, "label": "alibi",
              "bpc": {"non-overlapping": {"256": 2.7}, "sliding": {}}}]  # fmt: skip
-    table = extrapolation.render({"settings": settings, "runs": runs})
+    table = extrapolation_tables.render({"settings": settings, "runs": runs})
     assert "| alibi | 2.700" in table and "**sliding**" not in table
     assert "No sized row for t5" in table
     assert "still to be scored" not in table  # --scored-only, but every cell holds every seed
@@ -175,7 +177,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
          "bpc": {"non-overlapping": {n: v[seed] for n, v in by.items() if seed < len(v)}}}
         for label, by in scores.items() for seed in range(3)
     ]  # fmt: skip
-    table = extrapolation.render({"settings": settings, "runs": runs})
+    table = extrapolation_tables.render({"settings": settings, "runs": runs})
     found = table.split("Beyond twice the larger spread")[1].splitlines()
     assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in found
     assert "- flat: L=128 to L=2048 within the spread" in found
@@ -190,7 +192,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     [("results/ablation", "experiments.ablation"),
      ("results/memory_growth/ablation", "experiments.ablation"),
      ("results/recl", "experiments.recl"), ("results/compare_training", "experiments.compare_training"),
-     ("results/extrapolation", "experiments.extrapolation"),
+     ("results/extrapolation", "experiments.extrapolation_tables"),
      ("results/compare_training_init05/compare_training", "experiments.compare_training"),
      ("results/probe_needle", "experiments.probes"), ("results/txl_small", "experiments.txl_small"),
      ("benchmarks/compile_depth", "bench.compile_depth"),
