@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import ablation, extrapolation, extrapolation_tables, probes, recl, sweep
+from experiments import ablation, extrapolation, extrapolation_tables, probes, recl_tables, sweep
 from tests.helpers import ROOT
 
 
@@ -104,7 +104,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert results["contexts"] == [0, 4, 8] and results["settings"]["group"] == "rope:128,rope:0"
     assert all(set(r["recl"]) == set(r["recl_interval"]) == {"0.1", "0.5", "1.0"}
                for r in results["runs"])  # fmt: skip
-    assert (tmp_path / "out" / "recl.md").read_text() == recl.render(results)
+    assert (tmp_path / "out" / "recl.md").read_text() == recl_tables.render(results)
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "seed 0: the group's RECL is in" in again.stdout  # resumed, not measured again
@@ -191,7 +191,8 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     "table, script",
     [("results/ablation", "experiments.ablation"),
      ("results/memory_growth/ablation", "experiments.ablation"),
-     ("results/recl", "experiments.recl"), ("results/compare_training", "experiments.compare_training"),
+     ("results/recl", "experiments.recl_tables"),
+     ("results/compare_training", "experiments.compare_training"),
      ("results/extrapolation", "experiments.extrapolation_tables"),
      ("results/compare_training_init05/compare_training", "experiments.compare_training"),
      ("results/probe_needle", "experiments.probes"), ("results/txl_small", "experiments.txl_small"),

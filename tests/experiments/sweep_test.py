@@ -131,7 +131,7 @@ def test_the_probe_table_is_rendered_from_its_json_with_spreads():
 
 
 def test_the_recl_table_is_rendered_from_its_json_with_spreads():
-    from experiments import recl
+    from experiments import recl_tables
 
     runs = [
         {"label": f"txl, memory {m}", "scheme": "txl", "seed": seed,
@@ -141,8 +141,8 @@ def test_the_recl_table_is_rendered_from_its_json_with_spreads():
         for m in (64, 0) for seed in (0, 1)
     ]  # fmt: skip
     settings = sweep.settings(["experiments.recl", "--seeds", "0,1"], tokens=1024, segment=16)
-    table = recl.render({"settings": settings, "contexts": [0, 64], "r": [0.1, 0.5, 1.0],
-                         "runs": runs})  # fmt: skip
+    table = recl_tables.render({"settings": settings, "contexts": [0, 64], "r": [0.1, 0.5, 1.0],
+                                "runs": runs})  # fmt: skip
     assert "`python -m experiments.recl --seeds 0,1`" in table
     assert (
         "| txl, memory 64 | 2 | 5.0000 ± 0.0000 | 1.9050 ± 0.0071 | ≥64 ± 0 | ≥64 ± 0 | 32 ± 0 |"
@@ -184,9 +184,9 @@ def _recl_results(seeds):
 
 
 def test_the_recl_table_says_the_group_the_step_the_scoring_and_the_intervals():
-    from experiments import recl
+    from experiments import recl_tables
 
-    table = recl.render(_recl_results([0]))
+    table = recl_tables.render(_recl_results([0]))
     assert "`python -m experiments.recl --ablation txl:M,sinusoid:0`" in table
     assert "**The group**: txl, memory 64; sinusoid, memory 0. RECL is a property of a model " \
         "within its group" in table  # fmt: skip
@@ -204,7 +204,7 @@ def test_the_recl_table_says_the_group_the_step_the_scoring_and_the_intervals():
     assert "| 32 | 2.5000 | 2.5000 |" in table  # bpc by context
     assert "earlier protocol" not in table
 
-    table = recl.render(_recl_results([0, 1]))  # seeds: mean ± sd, then each seed's interval
+    table = recl_tables.render(_recl_results([0, 1]))  # seeds: mean ± sd, then each seed's interval
     assert "| txl, memory 64 | memory | 2 | ≥64 ± 0 | ≥48 ± 23 | 32 ± 0 |" in table
     assert "| txl, memory 64 | 1 | ≥64 [32, ≥64] | ≥64 [32, ≥64] | 32 [0, 32] |" in table
     assert "| 32 | 2.4950 | 2.4950 |" in table
