@@ -19,7 +19,7 @@ same steps and overrides (their folders gone: another machine, a cleaned disk). 
 ``ablation_windows.npz``) and renders ``ablation.md`` (mean [95 % bootstrap interval] over seeds
 and test windows, or mean ± sd for runs recorded without windows; the paper's WikiText-103
 perplexities beside for reference; which differences are beyond chance: a paired interval that
-excludes zero, or twice the spread — ``sweep.Compare``), ``ablation.png`` and ``ablation_positions.png``
+excludes zero, or twice the spread — ``compare.Compare``), ``ablation.png`` and ``ablation_positions.png``
 (test bpc against position in the segment, with and without memory) from it.
 """
 
@@ -29,7 +29,7 @@ import pathlib
 import sys
 
 from bench import args as options
-from experiments import sweep
+from experiments import compare, sweep
 from experiments.common import config_file, config_for, overrides, run_name
 from relpos_jax.config import POSITIONS
 
@@ -90,13 +90,13 @@ def _groups(results: dict) -> dict[tuple[str, int], list[float]]:
     return groups
 
 
-def _compare(results: dict) -> sweep.Compare:
-    """The groups' test bpc and, where every run kept them, their test windows (``sweep.Compare``
+def _compare(results: dict) -> compare.Compare:
+    """The groups' test bpc and, where every run kept them, their test windows (``compare.Compare``
     picks the rule)."""
     windows: dict[tuple[str, int], list] = {}
     for run in results["runs"]:
         windows.setdefault((run["scheme"], run["memory"]), []).append(run.get("test_windows"))
-    return sweep.Compare(_groups(results), windows)
+    return compare.Compare(_groups(results), windows)
 
 
 def render(results: dict) -> str:
@@ -175,8 +175,8 @@ def _growth(results: dict) -> list[str]:
         cells = []
         for step in steps:
             with_memory, without = curves[scheme, mem_len, step], curves[scheme, 0, step]
-            delta = sweep.mean_sd(with_memory)[0] - sweep.mean_sd(without)[0]
-            cells.append(f"{delta:+.4f}{' *' if sweep.apart(with_memory, without) else ''}")
+            delta = compare.mean_sd(with_memory)[0] - compare.mean_sd(without)[0]
+            cells.append(f"{delta:+.4f}{' *' if compare.apart(with_memory, without) else ''}")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -185,7 +185,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     from matplotlib.figure import Figure
 
     groups = _groups(results)
-    summary = {key: sweep.mean_sd(values) for key, values in groups.items()}
+    summary = {key: compare.mean_sd(values) for key, values in groups.items()}
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.add_subplot()
     schemes = sorted({s for s, _ in groups}, key=lambda s: (POSITIONS.index(_position(s)), s))
@@ -275,7 +275,7 @@ def main() -> None:
             {"scheme": scheme, "memory": mem_len, "seed": seed, "workdir": str(run.workdir),
              "test_bpc": evaluated[run.name]["test"]["bpc"],
              "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position"),
-             "test_windows": sweep.windows_of(run.workdir, "test"),
+             "test_windows": compare.windows_of(run.workdir, "test"),
              "valid_by_step": sweep.validation_curve(run.workdir)}
             for (scheme, mem_len, seed), run in runs.items()
         ] + list(reused.values()),

@@ -37,7 +37,7 @@ import time
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import sweep
+from experiments import compare, sweep
 from experiments.common import (
     X_TRANSFORMERS_SAME,
     config_file,
@@ -153,10 +153,10 @@ def render(results: dict) -> str:
             for memory, values in ((s["mem_len"], with_memory), (0, without)):
                 effect = ""
                 if memory and with_memory and without:
-                    delta = sweep.mean_sd(with_memory)[0] - sweep.mean_sd(without)[0]
-                    effect = f"{delta:+.4f}{' *' if sweep.apart(with_memory, without) else ''}"
+                    delta = compare.mean_sd(with_memory)[0] - compare.mean_sd(without)[0]
+                    effect = f"{delta:+.4f}{' *' if compare.apart(with_memory, without) else ''}"
                 lines.append(
-                    f"| {scheme} | {library} | {memory} | {sweep.mean_sd_text(values, 4)} | "
+                    f"| {scheme} | {library} | {memory} | {compare.mean_sd_text(values, 4)} | "
                     f"{effect} |"
                 )
     return "\n".join([*lines, *sweep.missing_lines(s)]) + "\n"

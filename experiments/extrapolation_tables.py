@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pathlib
 
-from experiments import sweep
+from experiments import compare, sweep
 
 PROTOCOLS = ("non-overlapping", "sliding")
 
@@ -108,13 +108,13 @@ def _beyond_spread(s: dict, series: dict) -> list[str]:
         for row, by in series.items()
     }
     scores = lambda row, n: series[row][protocol][n]  # noqa: E731
-    mean = lambda row, n: sweep.mean_sd(scores(row, n))[0]  # noqa: E731
+    mean = lambda row, n: compare.mean_sd(scores(row, n))[0]  # noqa: E731
     found = []
     for row, lengths in complete.items():
         if train not in lengths or lengths[-1] == train:
             continue
         far = lengths[-1]
-        if sweep.apart(scores(row, train), scores(row, far)):
+        if compare.apart(scores(row, train), scores(row, far)):
             verb = "rises" if mean(row, far) > mean(row, train) else "falls"
             found.append(f"- {row}: {verb} from {mean(row, train):.3f} at L={train} to "
                          f"{mean(row, far):.3f} at L={far}")  # fmt: skip
@@ -125,7 +125,7 @@ def _beyond_spread(s: dict, series: dict) -> list[str]:
         far = shared[-1]
         at_far = {row: scores(row, far) for row in complete}
         order = sorted(at_far, key=lambda row: mean(row, far))
-        for row, after in sweep.apart_in_ranking(order, at_far):
+        for row, after in compare.apart_in_ranking(order, at_far):
             found.append(f"- at L={far}: {row} lower than {after}, next in the ranking")
     head = [
         "",
@@ -138,7 +138,7 @@ def _cell(values: list[float], seeds: int) -> str:
     """mean ± sd over the seeds measured; how many, where fewer than the sweep's; "–" for none."""
     if not values:
         return "–"
-    text = sweep.mean_sd_text(values, 3)
+    text = compare.mean_sd_text(values, 3)
     return text if len(values) == seeds else f"{text} ({len(values)} of {seeds} seeds)"
 
 
@@ -153,7 +153,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
         ax = fig.add_subplot(1, 2, i + 1)
         for k, (row, by_protocol) in enumerate(series.items()):
             lengths = sorted(int(n) for n in by_protocol.get(protocol, {}))
-            means = [sweep.mean_sd(by_protocol[protocol][str(n)])[0] for n in lengths]
+            means = [compare.mean_sd(by_protocol[protocol][str(n)])[0] for n in lengths]
             style = "--" if row.startswith("rope+") or "(" in row else "-"
             ax.plot(lengths, means, style, marker="o", ms=3, color=colors[k % 20], label=row)
         ax.axvline(s["train_len"], color="grey", lw=0.8)

@@ -6,7 +6,7 @@ Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--ou
 scheme the JSONs measured × memory (a scheme no sweep has run yet, such as one just added, has no
 row: adding a scheme changes no table) and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
 mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
-from ``ablation_windows.npz``; ``sweep.Compare``):
+from ``ablation_windows.npz``; ``compare.Compare``):
 
 - test bpc: ``experiments.ablation`` (``ablation.json``), memory as trained;
 - bpc at 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``), models
@@ -32,6 +32,7 @@ import statistics
 
 from bench import args as options
 from experiments import probes, sweep
+from experiments.compare import Compare, mean_sd_text
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
@@ -114,7 +115,7 @@ def _cell(
     values: list[float] | None,
     digits: int,
     longest: float | None = None,
-    compare: sweep.Compare | None = None,
+    compare: Compare | None = None,
     key=None,
 ) -> str:
     """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; "≥" where a seed reached
@@ -122,15 +123,15 @@ def _cell(
     if not values:
         return NOT_MEASURED
     bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
-    text = compare.cell(key, digits) if compare else sweep.mean_sd_text(values, digits)
+    text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
     return f"{bound}{text} ({len(values)})"
 
 
-def _comparisons(cells: dict, windows: dict) -> dict[str, sweep.Compare]:
-    """Each column's ``sweep.Compare`` over its cells: the bootstrap rule where all of them have
+def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
+    """Each column's ``compare.Compare`` over its cells: the bootstrap rule where all of them have
     windows."""
     return {
-        column: sweep.Compare({k: v for k, v in cells.items() if k[2] == column and v}, windows)
+        column: Compare({k: v for k, v in cells.items() if k[2] == column and v}, windows)
         for column in COLUMNS
     }
 

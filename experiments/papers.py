@@ -6,7 +6,7 @@
 Each claim a paper makes is checked on this project's runs of the same comparison, and judged:
 
 - **agrees** / **disagrees**: the runs order the two sides as the paper does, or the other way,
-  by the rule of the sweep's own tables (``sweep.Compare``: the bootstrap interval of the paired
+  by the rule of the sweep's own tables (``compare.Compare``: the bootstrap interval of the paired
   difference excludes zero where the runs kept windows, else the means differ by more than twice the
   larger seed spread);
 - **not resolved**: the runs do not separate the two sides by that rule;
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from bench import args as options
 from bench.measure import ROOT
 from experiments import sweep
+from experiments.compare import Compare
 from experiments.extrapolation import PI_LABEL
 
 # What changed a measurement's meaning since: a JSON measured at a commit that does not contain
@@ -62,11 +63,11 @@ def order(
     a: list[float], b: list[float], names: tuple[str, str], windows=None, digits: int = 4
 ) -> Verdict:
     """Whether ``a`` lies below ``b`` (a paper's "a is better": lower bpc), by the sweeps' rule
-    (``sweep.Compare``: the paired bootstrap where ``windows``, the two sides' windows of each
+    (``compare.Compare``: the paired bootstrap where ``windows``, the two sides' windows of each
     seed, are all kept; else the spread rule)."""
     if not a or not b:
         return Verdict("not comparable", "not measured", "the sweep has not run this pair")
-    compare = sweep.Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None)
+    compare = Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None)
     text = (
         f"{names[0]} {compare.cell(0, digits)} vs {names[1]} {compare.cell(1, digits)} "
         f"({min(len(a), len(b))} seeds)"

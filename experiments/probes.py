@@ -38,7 +38,7 @@ import sys
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import sweep
+from experiments import compare, sweep
 from experiments.common import PROBE_SCHEMES
 from relpos_jax.config import Config, load_config
 
@@ -239,14 +239,14 @@ def _table(curves: dict, distances: list[int], trained=None) -> list[str]:
         "|---:|" + "---:|" * len(curves),
     ]
     for d in distances:
-        cells = [sweep.mean_sd_text(curve.get(d, []), 3) for curve in curves.values()]
+        cells = [compare.mean_sd_text(curve.get(d, []), 3) for curve in curves.values()]
         mark = "" if low <= d <= high else "*"
         lines.append(f"| {d}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _above(values: list[float], chance: float) -> bool:
-    mean, sd = sweep.mean_sd(values)
+    mean, sd = compare.mean_sd(values)
     return len(values) > 1 and mean - chance > max(2 * sd, 0.05)
 
 
@@ -258,7 +258,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     ax = fig.add_subplot()
     for key, curve in curves.items():
         distances = sorted(curve)
-        stats = [sweep.mean_sd(curve[d]) for d in distances]
+        stats = [compare.mean_sd(curve[d]) for d in distances]
         ax.errorbar(distances, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o",
                     capsize=2, label=label(*key))  # fmt: skip
     ax.axhline(results["chance"], color="grey", ls=":", label="chance")

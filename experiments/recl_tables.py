@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from experiments import sweep
+from experiments import compare
 
 PAPER = {  # Dai et al. 2019, Table 8 (WikiText-103, 128M models): RECL at r = 0.1 / 0.5 / 1.0
     ("txl", True): ("Transformer-XL 128M", "700 / 600 / 500"),
@@ -25,7 +25,7 @@ def _bounded(value: int, longest: int) -> str:
 def _cell(values: list[float], longest: int, digits: int = 0) -> str:
     """Mean ± sd; "≥" where a seed's RECL reached the longest context (a lower bound)."""
     bound = "≥" if any(v >= longest for v in values) else ""
-    return bound + sweep.mean_sd_text(values, digits)
+    return bound + compare.mean_sd_text(values, digits)
 
 
 def _interval(row: dict, r, longest: int) -> str:

@@ -3,36 +3,28 @@
 machines), a finished run is reused (a killed sweep goes on where it stopped), and the results go
 to a JSON (settings, commit, every seed's number) that the tables and plots are rendered from.
 
-How a table states its numbers and which differences it calls real (``Compare``): where every run
-it holds kept its evaluation windows (``windows_of``: each window's bits and tokens, all on the same
-windows), a mean reads ``mean [lo, hi]``, its 95 % bootstrap interval (seeds, then windows,
-resampled: ``relpos_jax.analysis.bootstrap``), and "better than" is written only where the paired
-interval of a difference excludes zero. Otherwise (results recorded without windows) a mean reads
-``mean ± sd``, the sample standard deviation over seeds, and ``apart`` — the means differ by more
-than twice the larger spread — is the bar; the table says which rule it used.
+How a table states its numbers and which differences it calls real (mean ± sd, twice the spread,
+the paired bootstrap over test windows): ``experiments.compare``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import json
-import math
 import pathlib
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from bench import measure
 from bench.measure import ROOT
-from relpos_jax.analysis import bootstrap
+from experiments.compare import WINDOWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,155 +166,6 @@ def partition_text(settings: dict) -> str:
     return f"pystdlib partition `{settings.get('partition', 'hash')}`"
 
 
-def mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return statistics.mean(values), spread
-
-
-def mean_sd_text(values: Sequence[float], digits: int) -> str:
-    """``mean ± sd`` of ``values`` with ``digits`` decimals, as the tables print it ("nan ± 0" for
-    none)."""
-    mean, sd = mean_sd(values) if values else (float("nan"), 0.0)
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
-def apart(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether the means differ by more than twice the larger spread (never with one seed)."""
-    (mean_a, sd_a), (mean_b, sd_b) = mean_sd(a), mean_sd(b)
-    if min(len(a), len(b)) < 2:
-        return False
-    return abs(mean_a - mean_b) > 2 * max(sd_a, sd_b)
-
-
-def apart_in_ranking(order: Sequence, values: dict) -> list[tuple]:
-    """The neighbours ``(a, b)`` of ``order`` (keys of ``values``, lowest mean first) whose seeds
-    are ``apart``: where a table may write "a lower than b, next in the ranking"."""
-    return [(a, b) for a, b in itertools.pairwise(order) if apart(values[a], values[b])]
-
-
-WINDOWS = "_windows"  # the suffix of a run's fields that hold its evaluation windows
-WINDOWS_AT_MOST = 4096
-"""Blocks a run's windows are summed into for a sweep's JSON: a few hundred kB for a sweep, and
-blocks of neighbouring windows (which share context) resampled whole."""
-
-
-def windows_of(workdir: pathlib.Path, split: str = "test", at_most: int = WINDOWS_AT_MOST):
-    """``{"bits", "tokens", "layout"}`` of a run's evaluation windows of ``split`` (beside its
-    ``eval.json``), consecutive windows summed into at most ``at_most`` blocks (alike for every run
-    scored on the same windows: still paired); None where its eval.json kept none."""
-    from relpos_jax.evaluate import load_windows
-
-    found = load_windows(workdir, split)
-    if found is None:
-        return None
-    scores = bootstrap.Scores(found["bits"], found["tokens"], found["layout"])
-    scores = scores.blocks(math.ceil(scores.windows / at_most))
-    return {
-        "bits": scores.bits[0],
-        "tokens": scores.tokens.astype(np.int64),
-        "layout": scores.layout,
-    }
-
-
-def has_windows(value) -> bool:
-    """Whether a run's field holds windows (``read`` found their file), not only their description."""
-    return isinstance(value, dict) and "bits" in value
-
-
-class Compare:
-    """A table's measure over seeds for each of its groups (``values``: key -> each seed's number;
-    ``windows``: key -> each seed's windows, where recorded) and the rule it states them by: the
-    bootstrap rule where every seed of every group has windows, all the same windows (else the
-    spread rule; see the module's docstring). Intervals are computed once each, seeded."""
-
-    def __init__(self, values: dict[Hashable, list[float]], windows: dict | None = None) -> None:
-        self.values = values
-        self.scores: dict[Hashable, bootstrap.Scores] | None = None
-        seeds = [(windows or {}).get(key) or [] for key in values]
-        if values and all(
-            len(w) == len(values[key]) and all(map(has_windows, w))
-            for key, w in zip(values, seeds, strict=True)
-        ):
-            try:  # a group whose seeds were scored on other windows: the spread rule
-                scores = {key: bootstrap.Scores.of(w) for key, w in zip(values, seeds, strict=True)}
-            except ValueError:
-                scores = {}
-            first = next(iter(scores.values()), None)
-            if first is not None and all(
-                s.layout == first.layout and np.array_equal(s.tokens, first.tokens)
-                for s in scores.values()
-            ):
-                self.scores = scores
-        self._intervals: dict = {}
-        self._differences: dict = {}
-
-    @property
-    def bootstrap(self) -> bool:
-        """Whether the bootstrap rule is used (else the spread rule)."""
-        return self.scores is not None
-
-    def mean(self, key) -> float:
-        """The point estimate: pooled bpc over the seeds' windows, or the seeds' mean."""
-        return self.scores[key].point if self.scores else mean_sd(self.values[key])[0]
-
-    def interval(self, key) -> bootstrap.Interval:
-        if key not in self._intervals:
-            self._intervals[key] = bootstrap.interval(self.scores[key])
-        return self._intervals[key]
-
-    def difference(self, a, b) -> bootstrap.Interval:
-        """The paired interval of ``a`` − ``b`` (bootstrap rule only)."""
-        if (a, b) not in self._differences:
-            self._differences[a, b] = bootstrap.difference(self.scores[a], self.scores[b])
-        return self._differences[a, b]
-
-    def cell(self, key, digits: int) -> str:
-        """``mean [lo, hi]`` or ``mean ± sd``."""
-        if self.scores:
-            return self.interval(key).text(digits)
-        return mean_sd_text(self.values[key], digits)
-
-    def apart(self, a, b) -> bool:
-        """Whether ``a`` and ``b`` differ beyond chance: the paired interval of the difference
-        excludes zero, or the means are ``apart``."""
-        if self.scores:
-            return self.difference(a, b).excludes_zero
-        return apart(self.values[a], self.values[b])
-
-    def in_ranking(self, order: Sequence) -> list[tuple]:
-        """The neighbours of ``order`` (lowest first) that differ beyond chance."""
-        return [(a, b) for a, b in itertools.pairwise(order) if self.apart(a, b)]
-
-    def difference_text(self, a, b, digits: int) -> str:
-        """`` (a − b: −0.0500 [−0.0700, −0.0300])`` after a statement (bootstrap rule); nothing
-        under the spread rule, whose statements give no interval."""
-        if not self.scores:
-            return ""
-        return f" (difference {self.difference(a, b).text(digits, signed=True)})"
-
-    @property
-    def summary_rule(self) -> str:
-        """What a cell holds, for the table's header."""
-        if not self.scores:
-            return "mean ± sample sd over the seeds"
-        first = next(iter(self.scores.values()))
-        return (
-            f"the mean over the seeds [its {bootstrap.LEVEL:.0%} bootstrap interval: the seeds, "
-            f"then the split's {first.windows:,} windows ({first.layout}), resampled "
-            f"{bootstrap.REPLICATES:,} times]"
-        )
-
-    @property
-    def difference_rule(self) -> str:
-        """When two groups differ beyond chance, for the heading of the table's statements."""
-        if not self.scores:
-            return "beyond twice the larger spread"
-        return (
-            f"whose {bootstrap.LEVEL:.0%} bootstrap interval, paired on the windows, excludes zero"
-        )
-
-
 def load(path: pathlib.Path) -> dict | None:
     """A sweep's JSON at ``path``, or None where it is missing or older than the sweeps' settings
     (their command, commit and seeds)."""
@@ -397,8 +240,8 @@ def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
 
 def write(path: pathlib.Path, results: dict) -> None:
     """``results`` as JSON at ``path``; its runs' windows (fields ending in ``_windows``, as
-    ``windows_of`` gives them) in ``<name>_windows.npz`` beside it, the JSON naming their file, key,
-    count and layout (``read`` puts them back)."""
+    ``compare.windows_of`` gives them) in ``<name>_windows.npz`` beside it, the JSON naming their
+    file, key, count and layout (``read`` puts them back)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     name, arrays, runs = f"{path.stem}{WINDOWS}.npz", {}, []
     for index, run in enumerate(results.get("runs") or []):

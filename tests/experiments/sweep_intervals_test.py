@@ -1,4 +1,4 @@
-"""Tables with bootstrap intervals (``experiments.sweep.Compare``): the ablation and the leaderboard
+"""Tables with bootstrap intervals (``experiments.compare.Compare``): the ablation and the leaderboard
 rendered from synthetic runs that kept their test windows — ``mean [lo, hi]`` and "lower than" only
 where a paired interval excludes zero — and from runs without them, which keep ``mean ± sd`` and the
 spread rule; the windows' way from a run's folder to a sweep's JSON and back."""
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from experiments import ablation, leaderboard, sweep
+from experiments import ablation, compare, leaderboard, sweep
 from relpos_jax import evaluate
 
 T, W = 8, 200  # tokens a window, windows
@@ -94,11 +94,11 @@ def test_one_seed_a_group_the_bootstrap_finds_what_the_spread_rule_cannot():
     hard = np.random.default_rng(0).gamma(4.0, 0.5, W)
     values = {"a": [float(hard.mean())], "b": [float(hard.mean()) + 0.01]}
     windows = {"a": [_windows(hard)], "b": [_windows(hard + 0.01)]}
-    with_windows, without = sweep.Compare(values, windows), sweep.Compare(values)
+    with_windows, without = compare.Compare(values, windows), compare.Compare(values)
     assert with_windows.bootstrap and not without.bootstrap
     assert with_windows.apart("a", "b") and with_windows.in_ranking(["a", "b"]) == [("a", "b")]
     assert not without.apart("a", "b")  # one seed: never apart by the spread
-    same = sweep.Compare(
+    same = compare.Compare(
         {"a": values["a"], "c": values["a"]}, {"a": windows["a"], "c": windows["a"]}
     )
     assert not same.apart("a", "c") and same.difference_text("a", "c", 3).startswith(
@@ -135,16 +135,16 @@ def test_a_runs_windows_are_read_from_its_folder_in_blocks(tmp_path):
     bits, tokens = np.arange(10.0) + 1.0, np.full(10, 4)
     windows = {"bits": bits, "tokens": tokens, "layout": "segments of 4, 1 rows, 40 targets"}
     evaluate.save_results(tmp_path, {"step": 3, "test": {"bpc": 1.0, "windows": windows}})
-    whole = sweep.windows_of(tmp_path, "test")
+    whole = compare.windows_of(tmp_path, "test")
     np.testing.assert_array_equal(whole["bits"], bits)
     assert whole["layout"] == windows["layout"]
-    blocks = sweep.windows_of(tmp_path, "test", at_most=4)  # blocks of 3: 3 + 3 + 3 + 1 windows
+    blocks = compare.windows_of(tmp_path, "test", at_most=4)  # blocks of 3: 3 + 3 + 3 + 1 windows
     assert blocks["bits"].tolist() == [6.0, 15.0, 24.0, 10.0]
     assert blocks["tokens"].tolist() == [12, 12, 12, 4]
     assert blocks["layout"] == "segments of 4, 1 rows, 40 targets, blocks of 3"
-    assert sweep.windows_of(tmp_path, "valid") is None
+    assert compare.windows_of(tmp_path, "valid") is None
     (tmp_path / "eval.json").write_text(json.dumps({"step": 3, "test": {"bpc": 1.0}}))
-    assert sweep.windows_of(tmp_path, "test") is None  # an eval.json from before
+    assert compare.windows_of(tmp_path, "test") is None  # an eval.json from before
 
 
 def test_the_leaderboard_gives_intervals_where_the_ablation_kept_windows(tmp_path):

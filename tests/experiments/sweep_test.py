@@ -11,17 +11,17 @@ import sys
 
 import pytest
 
-from experiments import ablation, sweep
+from experiments import ablation, compare, sweep
 from tests.helpers import ROOT
 
 
 def test_mean_and_spread():
-    assert sweep.mean_sd([2.0]) == (2.0, 0.0)
-    mean, sd = sweep.mean_sd([1.0, 2.0, 3.0])
+    assert compare.mean_sd([2.0]) == (2.0, 0.0)
+    mean, sd = compare.mean_sd([1.0, 2.0, 3.0])
     assert mean == pytest.approx(2.0) and sd == pytest.approx(1.0)
-    assert sweep.apart([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])  # 1.0 apart, spreads 0.1
-    assert not sweep.apart([1.0, 1.5, 2.0], [1.6, 2.1, 2.6])  # 0.6 apart, spreads 0.5
-    assert not sweep.apart([1.0], [3.0])  # one seed: no claim
+    assert compare.apart([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])  # 1.0 apart, spreads 0.1
+    assert not compare.apart([1.0, 1.5, 2.0], [1.6, 2.1, 2.6])  # 0.6 apart, spreads 0.5
+    assert not compare.apart([1.0], [3.0])  # one seed: no claim
 
 
 def _results() -> dict:
