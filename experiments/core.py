@@ -2,7 +2,7 @@
 column of the leaderboard, then the claim-by-claim table against the papers.
 
     .venv/bin/python -m experiments.core [--steps 4000] [--seeds 0,1,2] [--probe-seeds 0,1,2,3,4,5]
-        [--runs runs/core] [--out docs/results/core] [--dry-run] [--finished-only]
+        [--runs runs/core] [--out docs/results] [--dry-run] [--finished-only]
 
 In order, each a sweep of its own that resumes where it stopped:
 
@@ -17,8 +17,8 @@ In order, each a sweep of its own that resumes where it stopped:
 4. ``experiments.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
 5. ``experiments.leaderboard`` and ``experiments.papers``: the tables, from the JSONs.
 
-Everything goes to ``--out`` (``docs/results/core``): the home of this protocol's results, apart
-from the earlier sweeps' tables in ``docs/results``, which mixed models, steps and splits.
+Everything goes to ``--out`` (``docs/results``): the home of this protocol's results; the earlier
+sweeps' tables, which mixed models, steps and splits, are in ``docs/results/earlier``.
 
 ``--dry-run`` prints the training runs of steps 1, 2 and 4, each command line once (step 2 reuses
 step 1's runs; its fine-tunes start from them, so a scheduler runs them after), for a Slurm array
@@ -90,7 +90,7 @@ def main() -> None:
     )
     options.add_runs(parser, "runs/core")
     options.add_overrides(parser, help="applied to every run of steps 1-3 (after the sizes)")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "core"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     args = parser.parse_args()
     if args.dry_run:
         print(dry_run(args))

@@ -1,5 +1,6 @@
 """The notebooks' trained models: the checkpoint a sweep left in ``runs/``, rebuilt from the settings
-its committed JSON in ``docs/results/`` records, or, in smoke mode or where that run is not on this
+its committed JSON in ``docs/results/earlier/`` records (the 1,000-step sweeps whose runs the
+notebooks were written for), or, in smoke mode or where that run is not on this
 machine, a small model trained here for a few steps (the notebook then says so).
 
     model, source = ablation_model("t5", mem_len=0, seed=0, smoke=SMOKE)
@@ -25,7 +26,8 @@ SMOKE_SIZES = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model
 
 
 def _settings(name: str) -> dict:
-    return json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["settings"]
+    path = ROOT / "docs" / "results" / "earlier" / f"{name}.json"
+    return json.loads(path.read_text())["settings"]
 
 
 def _restored(config_file: str, overrides, workdir: pathlib.Path):
@@ -46,7 +48,7 @@ def _trained_here(config_file: str, overrides, steps: int):
 
 def ablation_model(scheme: str, mem_len: int, seed: int = 0, smoke: bool = False):
     """``(model, where it came from)`` of the ablation sweep's run ``(scheme, memory, seed)``
-    (``docs/results/ablation.md``: 4 layers, d_model 128, segments of 64)."""
+    (``docs/results/earlier/ablation.md``: 4 layers, d_model 128, segments of 64)."""
     settings = _settings("ablation")
     name = common.run_name(scheme, mem_len, seed)
     workdir = ROOT / "runs" / "ablation" / name
@@ -65,7 +67,8 @@ def train_length(smoke: bool = False) -> int:
 
 def extrapolation_model(scheme: str, seed: int = 0, smoke: bool = False):
     """``(model, where it came from)`` of the extrapolation sweep's run of ``scheme`` with its
-    default tables (``docs/results/extrapolation.md``: trained without memory at its train length)."""
+    default tables (``docs/results/earlier/extrapolation.md``: trained without memory at its train
+    length)."""
     config_file = common.config_file(scheme)
     if smoke:
         tiny = (f"train.seed={seed}", "model.mem_len=0", *SMOKE_SIZES, "data.segment_len=16",

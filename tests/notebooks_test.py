@@ -163,14 +163,14 @@ def test_memory_and_recurrence_notebook_finds_the_recurrence_exact(tmp_path):
     assert len(report["memory_share"]) == 1 and 0.0 < report["memory_share"][0] < 1.0
     assert report["trained_maps"] == [[16, 80]]
     # From the committed sweep JSONs: the loss by position and the needle probe's accuracy.
-    ablation = json.loads((ROOT / "docs/results/ablation.json").read_text())
+    ablation = json.loads((ROOT / "docs/results/earlier/ablation.json").read_text())
     for scheme, by_memory in report["first_position"].items():  # position 1, mean over seeds
         for memory, value in by_memory.items():
             runs = [
                 r for r in ablation["runs"] if (r["scheme"], str(r["memory"])) == (scheme, memory)
             ]
             assert value == round(float(np.mean([r["bpc_by_position"][0] for r in runs])), 3)
-    probe = json.loads((ROOT / "docs/results/probe_needle.json").read_text())
+    probe = json.loads((ROOT / "docs/results/earlier/probe_needle.json").read_text())
     first = probe["runs"][0]
     key = f"{first['scheme']}/{first['condition']}"
     runs = [r for r in probe["runs"] if (r["scheme"], r["condition"]) == tuple(key.split("/"))]

@@ -189,15 +189,16 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
 
 @pytest.mark.parametrize(
     "table, script",
-    [("results/ablation", "experiments.ablation"),
-     ("results/memory_growth/ablation", "experiments.ablation"),
-     ("results/recl", "experiments.recl_tables"),
-     ("results/compare_training", "experiments.compare_training"),
-     ("results/extrapolation", "experiments.extrapolation_tables"),
-     ("results/compare_training_init05/compare_training", "experiments.compare_training"),
-     ("results/probe_needle", "experiments.probes"), ("results/txl_small", "experiments.txl_small"),
-     ("benchmarks/compile_depth", "bench.compile_depth"),
-     ("results/core/ablation", "experiments.ablation")],
+    [("results/ablation", "experiments.ablation"), ("results/recl", "experiments.recl_tables"),
+     ("results/txl_small", "experiments.txl_small"),
+     ("results/earlier/ablation", "experiments.ablation"),
+     ("results/earlier/memory_growth/ablation", "experiments.ablation"),
+     ("results/earlier/recl", "experiments.recl_tables"),
+     ("results/earlier/compare_training", "experiments.compare_training"),
+     ("results/earlier/extrapolation", "experiments.extrapolation_tables"),
+     ("results/earlier/compare_training_init05/compare_training", "experiments.compare_training"),
+     ("results/earlier/probe_needle", "experiments.probes"),
+     ("benchmarks/compile_depth", "bench.compile_depth")],
 )  # fmt: skip
 def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     import importlib
@@ -207,7 +208,7 @@ def test_the_committed_sweep_tables_are_rendered_from_their_json(table, script):
     assert render(results) == (ROOT / f"docs/{table}.md").read_text()
 
 
-@pytest.mark.parametrize("folder", ["docs/results", "docs/results/core"])
+@pytest.mark.parametrize("folder", ["docs/results", "docs/results/earlier"])
 def test_the_committed_leaderboard_and_papers_are_gathered_from_the_committed_jsons(folder):
     from experiments import leaderboard, papers
 
@@ -285,7 +286,7 @@ def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_m
 
 
 def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_path):
-    result = subprocess.run(  # an empty --out: no run reused from the JSONs of docs/results/core
+    result = subprocess.run(  # an empty --out: no run reused from the JSONs of docs/results
         [sys.executable, "-m", "experiments.core", "--dry-run", "--seeds", "0", "--probe-seeds", "0",
          "--runs", "runs/x", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -310,5 +311,5 @@ def test_the_core_comparison_reuses_the_runs_its_committed_json_holds():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     workdirs = {line.split("--workdir ")[1].split()[0] for line in result.stdout.splitlines()}
-    assert "runs/x/t5_mem64_seed0" in workdirs  # not in docs/results/core/ablation.json
+    assert "runs/x/t5_mem64_seed0" in workdirs  # not in docs/results/ablation.json
     assert "runs/x/txl_mem64_seed0" not in workdirs  # measured there: reused, not listed
