@@ -14,6 +14,7 @@ run: $(STAMP)
 # Command 2: set up and run the test suite (pytest's own exit code: 5, no tests, fails too).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n 2 --durations=10 -m "not bench"
 
 # The end-to-end runs of the benchmark scripts that `make test` leaves out (minutes of compiling in
