@@ -9,9 +9,11 @@ mean [95 % bootstrap interval] where every run of the column kept its evaluation
 from ``ablation_windows.npz``; ``compare.Compare``):
 
 - test bpc: ``experiments.ablation`` (``ablation.json``), memory as trained;
-- bpc at 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``), models
-  trained without memory, so on the rows without memory; the ``sized`` variant where the sweep has
-  it (tables within the trained distances), the defaults otherwise; non-overlapping segments;
+- bpc at 1×, 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``),
+  models trained without memory, so on the rows without memory, scored on the sweep's tokens (1×
+  beside the longer lengths: the same tokens, where the test bpc column reads the whole split); the
+  ``sized`` variant where the sweep has it (tables within the trained distances), the defaults
+  otherwise; non-overlapping segments;
 - RECL (r = 0.1): ``experiments.recl --ablation`` (``recl.json``), within the group that sweep measured
   (Dai et al.'s four by default; every scheme's runs in a JSON of the earlier protocol), "≥" where
   a seed still gained at the longest context measured (a lower bound);
@@ -20,7 +22,7 @@ from ``ablation_windows.npz``; ``compare.Compare``):
   memory from its ``memory`` condition, those without from ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
-reads "not measured"; learned absolute positions read "n/a" at 4× and 16× (the extrapolation sweep
+reads "not measured"; learned absolute positions read "n/a" there (the extrapolation sweep
 leaves them out: past its ``max_len`` rows the table is clamped, not extended). Nothing is typed by
 hand. Each column's command, commit and date follow the table.
 """
@@ -38,7 +40,10 @@ from relpos_jax.config import POSITIONS
 NOT_MEASURED = "not measured"
 NOT_APPLICABLE = "n/a"
 NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
-COLUMNS = ("test bpc", "bpc at 4×", "bpc at 16×", "RECL (r = 0.1)", "needle accuracy")
+FACTORS = (1, 4, 16)  # the extrapolation columns: bpc at these multiples of the trained length
+COLUMNS = (
+    "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "needle accuracy",
+)  # fmt: skip
 
 
 def _ablation(results: dict, cells: dict) -> None:
@@ -61,7 +66,7 @@ def _extrapolation(results: dict, cells: dict) -> None:
         if run["variant"] != wanted or run["label"] != run["scheme"]:
             continue  # the other variant, or one of RoPE's extensions
         by_length = run["bpc"]["non-overlapping"]
-        for factor in (4, 16):
+        for factor in FACTORS:
             if str(train_len * factor) in by_length:
                 key = (run["scheme"], False, f"bpc at {factor}×")
                 cells.setdefault(key, []).append(by_length[str(train_len * factor)])
@@ -88,7 +93,7 @@ def _needle(results: dict, cells: dict) -> None:
 
 SOURCES = {  # file: (what it fills, the column it feeds)
     "ablation.json": (_ablation, "test bpc"),
-    "extrapolation.json": (_extrapolation, "bpc at 4×, 16×"),
+    "extrapolation.json": (_extrapolation, "bpc at 1×, 4×, 16×"),
     "recl.json": (_recl, "RECL"),
     "probe_needle.json": (_needle, "needle accuracy"),
 }
@@ -149,22 +154,25 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "",
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
-        "and accuracy. Bpc at 4× and 16× the training length is measured on models trained "
-        "without memory. The settings of each measure (sizes, steps, memory) are in its table."
+        "and accuracy. Bpc at 1×, 4× and 16× the training length is measured on models trained "
+        "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
+        "split). The settings of each measure (sizes, steps, memory, tokens) are in its table."
         f"{intervals} Claim by claim against the papers: [papers.md](papers.md).",
         "",
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
     ]
-    measured = {scheme for scheme, _, _ in cells}
-    for scheme in (s for s in POSITIONS if s in measured):
+    measured = {scheme for scheme, _, _ in cells}  # schemes, and variants such as "sinusoid+half"
+    for scheme in sorted(measured, key=lambda s: (POSITIONS.index(s.split("+")[0]), s)):
         for memory in (True, False):
+            if scheme not in POSITIONS and not any(k[:2] == (scheme, memory) for k in cells):
+                continue  # a variant's row only where it was measured
             row = []
             for column in COLUMNS:
                 if memory and column.startswith("bpc at"):
                     row.append("—")
                     continue
-                if scheme in NO_EXTRAPOLATION and column.startswith("bpc at"):
+                if scheme.split("+")[0] in NO_EXTRAPOLATION and column.startswith("bpc at"):
                     row.append(NOT_APPLICABLE)
                     continue
                 values = cells.get((scheme, memory, column))
@@ -206,7 +214,7 @@ def _one_set(sources: dict[str, dict]) -> str:
         extrapolation.get("models") != "ablation"
         or any(extrapolation.get(k) != ablation.get(k) for k in same)
     ):
-        apart.append("bpc at 4× and 16× (models of its own)")
+        apart.append("bpc at 1×, 4× and 16× (models of its own)")
     recl = sources.get("recl.json")
     if recl is not None and (
         "--ablation" not in recl["command"]

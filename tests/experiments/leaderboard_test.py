@@ -41,22 +41,22 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     table = leaderboard.render(*leaderboard.gather(tmp_path))
     assert _row(table, "txl", "yes")[0] == "2.0100 ± 0.0100 (3)"
     assert _row(table, "txl", "no")[0] == "2.1100 ± 0.0100 (3)"
-    assert _row(table, "txl", "yes")[1:3] == ["—", "—"]  # extrapolation: trained without memory
+    assert _row(table, "txl", "yes")[1:4] == ["—"] * 3  # extrapolation: trained without memory
     # the sized variant (tables within the trained distances) where the sweep has it
-    assert _row(table, "t5", "no")[1:3] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
-    assert _row(table, "rope", "no")[1] == "4.0000 ± 0.0000 (1)"  # not its extensions
-    assert _row(table, "alibi", "yes")[4] == "0.200 ± 0.000 (2)"  # mean over distances
-    assert _row(table, "alibi", "no")[4] == "0.500 ± 0.000 (2)"  # in segment
-    assert _row(table, "txl", "yes")[3] == leaderboard.NOT_MEASURED  # recl.json: old format
+    assert _row(table, "t5", "no")[2:4] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
+    assert _row(table, "rope", "no")[2] == "4.0000 ± 0.0000 (1)"  # not its extensions
+    assert _row(table, "alibi", "yes")[5] == "0.200 ± 0.000 (2)"  # mean over distances
+    assert _row(table, "alibi", "no")[5] == "0.500 ± 0.000 (2)"  # in segment
+    assert _row(table, "txl", "yes")[4] == leaderboard.NOT_MEASURED  # recl.json: old format
     assert "| none |" not in table  # no sweep ran it: no row
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
     source = "- test bpc: `python -m experiments.ablation` (commit abc1234, 2026-12-03, "
     assert source + "pystdlib partition `hash`)" in table  # recorded before partitions were
     full = leaderboard.render(*_full(tmp_path / "full"))
-    assert _row(full, "learned", "no")[1:3] == [leaderboard.NOT_APPLICABLE] * 2  # clamped table
+    assert _row(full, "learned", "no")[1:4] == [leaderboard.NOT_APPLICABLE] * 3  # clamped table
     assert leaderboard.NOT_MEASURED not in full
-    assert _row(full, "txl", "yes")[3] == "≥128 ± 0 (1)"  # the longest context: a lower bound
-    assert _row(full, "txl", "no")[3] == "64 ± 0 (1)"
+    assert _row(full, "txl", "yes")[4] == "≥128 ± 0 (1)"  # the longest context: a lower bound
+    assert _row(full, "txl", "no")[4] == "64 ± 0 (1)"
 
 
 def _full(folder):
@@ -69,7 +69,7 @@ def _full(folder):
     ])  # fmt: skip
     _write(folder / "extrapolation.json", "e", [
         {"scheme": p, "variant": "defaults", "seed": 0, "label": p,
-         "bpc": {"non-overlapping": {"256": 2.0, "1024": 2.0}}} for p in POSITIONS
+         "bpc": {"non-overlapping": {"64": 2.0, "256": 2.0, "1024": 2.0}}} for p in POSITIONS
     ], train_len=64)  # fmt: skip
     _write(folder / "recl.json", "r", [
         {"scheme": p, "label": f"{p}, memory {m}", "seed": 0, "mem_len": m,
@@ -83,6 +83,17 @@ def _full(folder):
         for p in POSITIONS for c in ("memory", "in_segment")
     ])  # fmt: skip
     return leaderboard.gather(folder)
+
+
+def test_a_variant_of_a_scheme_has_a_row_only_where_it_was_measured(tmp_path):
+    _write(tmp_path / "ablation.json", "a", [
+        {"scheme": s, "memory": 0, "seed": 0, "test_bpc": b}
+        for s, b in (("sinusoid", 2.2), ("sinusoid+half", 2.1))
+    ])  # fmt: skip
+    table = leaderboard.render(*leaderboard.gather(tmp_path))
+    assert _row(table, "sinusoid+half", "no")[0] == "2.1000 ± 0.0000 (1)"
+    assert "| sinusoid+half | yes |" not in table  # trained on half loss without memory only
+    assert "| sinusoid | yes |" in table  # a scheme's rows: both, "not measured" where missing
 
 
 def test_the_needle_column_averages_only_the_trained_distances():
@@ -114,4 +125,4 @@ def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
                                 "recl.json": recl})  # fmt: skip
     assert one.startswith("Test bpc, extrapolation and RECL come from one set of models")
     apart = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": own})
-    assert apart.startswith("Not one set of models: bpc at 4× and 16× (models of its own)")
+    assert apart.startswith("Not one set of models: bpc at 1×, 4× and 16× (models of its own)")
