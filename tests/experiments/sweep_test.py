@@ -208,6 +208,9 @@ def test_the_recl_table_says_the_group_the_step_the_scoring_and_the_intervals():
     assert "| txl, memory 64 | memory | 2 | ≥64 ± 0 | ≥48 ± 23 | 32 ± 0 |" in table
     assert "| txl, memory 64 | 1 | ≥64 [32, ≥64] | ≥64 [32, ≥64] | 32 [0, 32] |" in table
     assert "| 32 | 2.4950 | 2.4950 |" in table
+    # Table 6's init (the trained context: memory 64; 0 without) and best (the lowest mean bpc)
+    assert "| txl, memory 64 | 64 | 2.4000 | 64 | 2.4000 |" in table
+    assert "| sinusoid, memory 0 | 0 | 3.0000 | 64 | 2.4000 |" in table
 
 
 def test_the_recl_group_defaults_to_the_papers_and_steps_by_a_fixed_delta(tmp_path):
