@@ -40,9 +40,8 @@ NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3, at the factors the papers us
 1) are for L₀ = 4,096; ``yarn_betas`` scales them to L₀ so that the same share of the head's
 frequencies is kept, ramped and interpolated (the frequencies are fractions of the head dim, so
 the head dim does not change the share). Position interpolation is also fine-tuned, as its paper
-does: ``--pi-steps`` steps (default 50: a tenth of the default 500-step pretraining; 1/80 of the
-core comparison's 4,000, a few percent of its tokens, as PI's 1,000 steps were of LLaMA's) of each
-seed's RoPE run at each of
+does: ``--pi-steps`` steps (default 50: a tenth of the default 500-step pretraining, 1/80 of the
+core comparison's 4,000 steps) of each seed's RoPE run at each of
 those factors with positions scaled by 1 / factor (``configs/rope_pi.py``, ``train.init_from``),
 scored at that length (row ``rope+linear, fine-tuned``). These runs start from their RoPE run, so
 ``--dry-run`` lists them after it: a scheduler must run them once it has finished.
