@@ -11,7 +11,7 @@ In order, each a sweep of its own that resumes where it stopped:
    paper's absolute encoding), ``--steps`` steps, ``--seeds``;
 2. ``experiments.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
    length (64 to 32,768), non-overlapping and in sliding windows, and RoPE's position-interpolation
-   fine-tunes at 2×–8×;
+   fine-tunes at 2×–8× (a tenth of ``--steps`` each);
 3. ``experiments.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
    vanilla) from the runs of step 1;
 4. ``experiments.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
@@ -52,7 +52,7 @@ def commands(args) -> list[list[str]]:
     return [
         ["experiments.ablation", "--mem-len", str(MEMORY), "--half-loss", HALF_LOSS, *common],
         ["experiments.extrapolation", "--models", "ablation", "--factors", FACTORS,
-         "--sliding-up-to", str(64 * 512), *common],
+         "--sliding-up-to", str(64 * 512), "--pi-steps", str(args.steps // 10), *common],
         ["experiments.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
          *out],
         ["experiments.probes", "--steps", str(args.steps), "--seeds",
