@@ -26,6 +26,7 @@ excludes zero, or twice the spread — ``compare.Compare``), ``ablation.png`` an
 from __future__ import annotations
 
 import pathlib
+import statistics
 import sys
 
 from bench import args as options
@@ -52,6 +53,37 @@ def _run_name(label: str, mem_len: int, seed: int) -> str:
 def _position(label: str) -> str:
     """The scheme of a row label."""
     return label.removesuffix(HALF)
+
+
+def latter_half(run: dict) -> float | None:
+    """A run's test bpc over the latter half of each segment (the positions a half-loss model
+    trained on, each with half a segment of context or more), from its bpc by position."""
+    by_position = run.get("bpc_by_position")
+    if not by_position:
+        return None
+    half = by_position[len(by_position) // 2 :]
+    return sum(half) / len(half)
+
+
+def _half_loss_lines(results: dict) -> list[str]:
+    """The rows without memory on the positions a half-loss model trained on (none without one)."""
+    if not any(run["scheme"].endswith(HALF) for run in results["runs"]):
+        return []
+    values: dict[str, list[float]] = {}
+    for run in results["runs"]:
+        if run["memory"] == 0 and (value := latter_half(run)) is not None:
+            values.setdefault(run["scheme"], []).append(value)
+    lines = [
+        "A half-loss model never trained on the first half of a segment, which the test bpc above "
+        "scores too; on the latter half (test bpc by position, mean ± sd over seeds), where every "
+        "model without memory sees half a segment of context or more:",
+        "",
+        "| scheme | memory | test bpc, latter half of each segment |",
+        "|---|---:|---:|",
+    ]
+    for scheme in sorted(values, key=lambda s: statistics.mean(values[s])):
+        lines.append(f"| {scheme} | 0 | {compare.mean_sd_text(values[scheme], 4)} |")
+    return [*lines, ""]
 
 
 def runs_of(args) -> dict[tuple[str, int, int], sweep.Run]:
@@ -137,7 +169,7 @@ def render(results: dict) -> str:
         *(["", *reused] if reused else []),
         "",
     ]
-    return "\n".join(lines + _growth(results))
+    return "\n".join(lines + _half_loss_lines(results) + _growth(results))
 
 
 def _name(run: dict) -> str:

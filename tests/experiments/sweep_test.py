@@ -50,6 +50,26 @@ def test_the_ablation_table_is_rendered_from_its_json_with_spreads():
     assert "- shaw (memory 64) lower" not in table
 
 
+def test_the_ablation_compares_a_half_loss_row_on_the_positions_it_trained_on():
+    results = _results()
+    assert "latter half" not in ablation.render(results)  # no half-loss row: no such table
+    for run in results["runs"]:
+        run["bpc_by_position"] = [3.0, 3.0, run["test_bpc"], run["test_bpc"]]
+    results["runs"] += [
+        {"scheme": "sinusoid+half", "memory": 0, "seed": seed, "workdir": "runs/x",
+         "test_bpc": 2.5, "bpc_by_position": [4.0, 4.0, 1.90 + 0.01 * seed, 1.90]}
+        for seed in range(3)
+    ]  # fmt: skip
+    table = ablation.render(results)
+    assert (
+        "| sinusoid+half | 0 | 2.5000 ± 0.0000 | 3 | 30.97 (Vaswani et al., half loss) |" in table
+    )
+    half = table.split("test bpc, latter half of each segment |")[1].splitlines()
+    assert half[2] == "| sinusoid+half | 0 | 1.9050 ± 0.0050 |"  # the lowest there
+    assert half[3] == "| txl | 0 | 2.1100 ± 0.0100 |"
+    assert not any(line.startswith("| txl | 64") for line in half[:5])  # rows without memory
+
+
 def test_the_ablation_tabulates_memorys_effect_as_training_grows():
     results = _results()
     results["settings"]["eval_tokens"] = 4096
