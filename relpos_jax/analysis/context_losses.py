@@ -55,9 +55,9 @@ def scoring_for(mem_len: int) -> str:
 
 def trained_window(cfg) -> int | None:
     """The longest window a model of ``cfg`` (a ``Config`` or its ConfigDict) trained without memory
-    is scored with:
-    its training window (``data.segment_len``) where its positions are absolute (its scheme adds
-    them to the embeddings: a later position was never trained), else None (any length)."""
+    is scored with: its training window (``data.segment_len``) where its positions are absolute (its
+    scheme adds them to the embeddings: a later position was never trained), else None (any
+    length)."""
     from relpos_jax import schemes
 
     absolute = schemes.overrides(schemes.get(cfg.model.position), "embed")
