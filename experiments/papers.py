@@ -74,7 +74,8 @@ def order(
     )
     if not compare.apart(0, 1):
         why = "the paired interval of the difference holds zero" if compare.bootstrap else (
-            "within twice the larger seed spread"
+            "one seed on a side: no claim" if min(len(a), len(b)) < 2
+            else "within twice the larger seed spread"
         )  # fmt: skip
         return Verdict("not resolved", text, why)
     below = compare.mean(0) < compare.mean(1)

@@ -72,6 +72,11 @@ def test_a_claim_measured_with_a_former_implementation_is_not_comparable():
     assert alibi.verdict == "not comparable" and alibi.ours == "not measured"
 
 
+def test_one_seed_on_a_side_decides_nothing_and_says_so():
+    verdict = papers.order([1.0], [3.0, 3.1], ("a", "b"))
+    assert verdict.verdict == "not resolved" and verdict.why == "one seed on a side: no claim"
+
+
 def test_position_interpolation_is_judged_by_its_fine_tune_against_rope_at_its_length():
     scores = {"rope": {1: [2.00, 2.01, 2.02]}, papers.PI_LABEL: {4: [1.90, 1.91, 1.92]}}
     verdict = _verdicts({"extrapolation.json": _extrapolation(scores)})[
