@@ -31,7 +31,7 @@ import sys
 
 from bench import args as options
 from experiments import compare, sweep
-from experiments.common import config_file, config_for, overrides, run_name
+from experiments.common import config_file, config_for, label_order, overrides, run_name
 from relpos_jax.config import POSITIONS
 
 PAPER = {  # Dai et al. 2019, Table 6: WikiText-103 test perplexity, 128M parameters, length 128
@@ -48,11 +48,6 @@ HALF = "+half"  # the row of a scheme trained on half loss (``--half-loss``)
 def _run_name(label: str, mem_len: int, seed: int) -> str:
     """A run's name from its row label (``sinusoid+half`` -> ``sinusoid_half_mem0_seed0``)."""
     return run_name(label.replace(HALF, "_half"), mem_len, seed)
-
-
-def _position(label: str) -> str:
-    """The scheme of a row label."""
-    return label.removesuffix(HALF)
 
 
 def latter_half(run: dict) -> float | None:
@@ -220,7 +215,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     summary = {key: compare.mean_sd(values) for key, values in groups.items()}
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    schemes = sorted({s for s, _ in groups}, key=lambda s: (POSITIONS.index(_position(s)), s))
+    schemes = sorted({s for s, _ in groups}, key=label_order)
     width = 0.4
     for i, mem_len in enumerate(sorted({m for _, m in groups}, reverse=True)):
         stats = [summary.get((s, mem_len), (float("nan"), 0.0)) for s in schemes]
@@ -245,7 +240,7 @@ def plot_positions(results: dict, path: pathlib.Path) -> None:
     for run in results["runs"]:
         if run.get("bpc_by_position"):
             curves.setdefault((run["scheme"], run["memory"]), []).append(run["bpc_by_position"])
-    schemes = sorted({s for s, _ in curves}, key=lambda s: (POSITIONS.index(_position(s)), s))
+    schemes = sorted({s for s, _ in curves}, key=label_order)
     if not schemes:
         return
     columns = min(4, len(schemes))

@@ -63,6 +63,17 @@ def config_for(scheme: str, mem_len: int, seed: int, sets=()):
     return load_config(ROOT / config_file(scheme), overrides(mem_len, seed, sets))
 
 
+def scheme_of(label: str) -> str:
+    """The position scheme of a table row's label: ``sinusoid+half`` (trained on half loss) and
+    ``rope+linear`` (an extension) are rows of sinusoid and rope."""
+    return label.split("+")[0]
+
+
+def label_order(label: str) -> tuple[int, str]:
+    """A sort key for row labels: by scheme, in the registry's order, then the label."""
+    return POSITIONS.index(scheme_of(label)), label
+
+
 def run_name(scheme: str, mem_len: int, seed: int) -> str:
     """A run's name, and its folder's under ``--runs``: the ablation's (and RECL's, which scores
     them), compare_training's."""

@@ -34,6 +34,7 @@ import statistics
 
 from bench import args as options
 from experiments import probes, sweep
+from experiments.common import label_order, scheme_of
 from experiments.compare import Compare, mean_sd_text
 from relpos_jax.config import POSITIONS
 
@@ -163,7 +164,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "|---|---|" + "---:|" * len(COLUMNS),
     ]
     measured = {scheme for scheme, _, _ in cells}  # schemes, and variants such as "sinusoid+half"
-    for scheme in sorted(measured, key=lambda s: (POSITIONS.index(s.split("+")[0]), s)):
+    for scheme in sorted(measured, key=label_order):
         for memory in (True, False):
             if scheme not in POSITIONS and not any(k[:2] == (scheme, memory) for k in cells):
                 continue  # a variant's row only where it was measured
@@ -172,7 +173,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
                 if memory and column.startswith("bpc at"):
                     row.append("—")
                     continue
-                if scheme.split("+")[0] in NO_EXTRAPOLATION and column.startswith("bpc at"):
+                if scheme_of(scheme) in NO_EXTRAPOLATION and column.startswith("bpc at"):
                     row.append(NOT_APPLICABLE)
                     continue
                 values = cells.get((scheme, memory, column))

@@ -82,11 +82,16 @@ def order(
     return Verdict("agrees" if below else "disagrees", text + compare.difference_text(0, 1, digits))
 
 
+def _runs(results: dict, scheme: str, memory: bool) -> list[dict]:
+    """The ablation's (scheme, memory) runs, a seed each."""
+    runs = results.get("ablation.json", {}).get("runs", [])
+    return [r for r in runs if r["scheme"] == scheme and (r["memory"] > 0) == memory]
+
+
 def _ablation(results: dict, scheme: str, memory: bool, field: str = "test_bpc") -> list:
     """Each seed's ``field`` of the ablation's (scheme, memory) runs (``test_windows``: None where
     a run kept none)."""
-    runs = results.get("ablation.json", {}).get("runs", [])
-    return [r.get(field) for r in runs if r["scheme"] == scheme and (r["memory"] > 0) == memory]
+    return [r.get(field) for r in _runs(results, scheme, memory)]
 
 
 def _extrapolated(results: dict, label: str, factor: int) -> list[float]:
@@ -141,9 +146,8 @@ def _table6_latter_half(a: tuple[str, bool], b: tuple[str, bool]):
     def judge(results: dict, contains) -> Verdict:
         from experiments.ablation import latter_half
 
-        runs = results.get("ablation.json", {}).get("runs", [])
-        sides = [[latter_half(r) for r in runs if r["scheme"] == s and (r["memory"] > 0) == m
-                  and latter_half(r) is not None] for s, m in (a, b)]  # fmt: skip
+        sides = [[v for r in _runs(results, *side) if (v := latter_half(r)) is not None]
+                 for side in (a, b)]  # fmt: skip
         names = (f"{_label(*a)} (latter half)", f"{_label(*b)} (latter half)")
         verdict = order(*sides, names)
         _, stale = _stale(results, "ablation.json", ("partition",), contains)

@@ -43,7 +43,7 @@ from bench.measure import ROOT
 from experiments import sweep
 from experiments.common import config_for, run_name
 from experiments.recl_tables import render
-from relpos_jax.analysis.context_losses import MEMORY, WINDOW, scoring_for, trained_window
+from relpos_jax.analysis.context_losses import MEMORY, scoring_for, trained_window
 from relpos_jax.config import POSITIONS, load_config
 
 R_VALUES = (0.1, 0.5, 1.0)
@@ -113,7 +113,7 @@ def measure(args, seed, group: list[Member]) -> list[dict]:
         model, cfg, step = restore_model(member.config, member.workdir)
         test = data.open_data(cfg.data, "test")
         scoring = scoring_for(member.mem_len)
-        longest = trained_window(cfg) if scoring == WINDOW else None
+        longest = trained_window(cfg)  # None for a model trained with memory
         losses[member.label] = scoring_losses(
             model, test, args.contexts, scoring=scoring, segment_len=args.segment,
             n_tokens=args.tokens, batch_size=BATCH_ROWS, longest_window=longest,
