@@ -16,7 +16,8 @@
 # 3. Renders gpu.md from gpu.json (python -m bench.gpu_render), and records in
 #    relpos_jax/attention/kernel/faster.json where the kernels beat dense and tiled (what
 #    model.attention_impl=auto takes on this kind of GPU); the log of the run is gpu.log.
-# GPU_BENCH_COMMIT=<commit> names the commit where the copy has no git history (a device's copy).
+# GPU_BENCH_COMMIT=<commit> names the commit where the copy has no git history (a device's copy);
+# GPU_BENCH_BUDGET=<seconds> and GPU_BENCH_CAPS="table:seconds ..." size the run to a lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -33,6 +34,7 @@ else
   DIR=${OUT:-docs/benchmarks}; BUDGET=${GPU_BENCH_BUDGET:-470}
   CAPS="training:240 depth:110 profile:60 attention:130 kernel_tests:150"
 fi
+CAPS=${GPU_BENCH_CAPS:-$CAPS}  # e.g. "training:200 depth:80 ..." where one lease must hold every table
 mkdir -p "$DIR"
 JSON=$DIR/$NAME.json LOG=$DIR/$NAME.log
 rm -f "$JSON" "$LOG" /tmp/gpu_bench_*.log
@@ -96,7 +98,7 @@ run_table() {  # run_table NAME COMMAND...: under its time limit; what went wron
 run_kernel_tests() {
   # XLA_FLAGS set (even empty): tests/conftest.py's XLA:CPU settings stay off the device.
   # the compiled kernels (not the interpreted variants, which a CPU test run covers)
-  run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -q -p no:cacheprovider \
+  run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -v -p no:cacheprovider \
     -k "not interpreted" tests/attention/kernel/kernel_vs_reference_test.py \
     tests/attention/kernel/kernel_vs_tiled_test.py
   summary=$(grep -s -E "[0-9]+ (passed|failed|errors?)" /tmp/gpu_bench_kernel_tests.log | tail -n1 | cut -c1-300)
