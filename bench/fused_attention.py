@@ -64,7 +64,8 @@ def _cudnn(attention, x, window, ctx, spec):
     from relpos_jax.ops import precision
 
     q, k, v = attention._project(x, window, ctx)
-    k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)  # [B, K, N, H]
+    if attention.kv_layout == "bnhk":  # a CPU's layout: [B, N, H, K] -> [B, K, N, H]
+        k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 3, 1, 2)
     bias = None
     if spec["scheme"] == "alibi":
         bias = attention.scheme.bias(attention, ctx.tile(), None)[None].astype(q.dtype)

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.helpers import ROOT
@@ -157,3 +158,25 @@ def test_bench_tiled_attention_writes_its_table_from_its_json(tmp_path):
     assert len(rows) == 2  # an evaluation row and a training row
     assert "| eval | txl | 64 |" in table and "| train | txl | 64 |" in table  # side by side
     assert "| eval | txl |" in table and "| train | txl |" in table  # the checks
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_the_cudnn_cell_computes_the_dense_layer(platform):
+    """``bench.fused_attention``'s cuDNN column (XLA's ``dot_product_attention`` here) is RoPE's
+    layer as the dense path computes it, whether keys come ``[B, N, H, K]`` (a CPU's layout) or
+    ``[B, K, N, H]`` (a GPU's: the H200 run refused a transposed query-sized key)."""
+    import jax.numpy as jnp
+
+    from bench import fused_attention
+    from relpos_jax.ops import backend
+
+    spec = dict(scheme="rope", impl="cudnn", length=16, memory=0, batch=2, dtype="float32",
+                size={"layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "seg": 0, "mem": 0,
+                      "batch": 2})  # fmt: skip
+    with backend.target(platform):
+        attention, x, window, ctx = fused_attention._layer(spec)
+        assert attention.kv_layout == ("bnhk" if platform == "cpu" else "bknh")
+        got = fused_attention._cudnn(attention, x, window, ctx, spec)
+        want = attention(x, window, ctx, deterministic=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not jnp.isnan(got).any()
