@@ -97,8 +97,14 @@ run_table() {  # run_table NAME COMMAND...: under its time limit; what went wron
 
 run_kernel_tests() {
   # XLA_FLAGS set (even empty): tests/conftest.py's XLA:CPU settings stay off the device.
-  # the compiled kernels (not the interpreted variants, which a CPU test run covers)
-  run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -v -p no:cacheprovider \
+  # the compiled kernels (not the interpreted variants, which a CPU test run covers); with
+  # pytest-timeout, the session ends itself 20 s inside the limit and still prints why each failed
+  local ends=()
+  if $PY -c "import pytest_timeout" 2>/dev/null; then
+    ends=(--session-timeout "$(($(limit_for kernel_tests) - 20))")
+  fi
+  run_table kernel_tests env XLA_FLAGS="${XLA_FLAGS-}" $PY -m pytest -v --tb=line -rfE \
+    -p no:cacheprovider "${ends[@]}" \
     -k "not interpreted" tests/attention/kernel/kernel_vs_reference_test.py \
     tests/attention/kernel/kernel_vs_tiled_test.py
   summary=$(grep -s -E "[0-9]+ (passed|failed|errors?)" /tmp/gpu_bench_kernel_tests.log | tail -n1 | cut -c1-300)
