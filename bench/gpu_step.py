@@ -1,6 +1,6 @@
 """The training step that ``bench.gpu`` measures, built as ``train.py``'s ``Trainer`` builds it.
 
-``Step(size, impl=..., remat=...)`` is configs/txl_base_enwik8.py at a ``bench.measure.SIZES``-like
+``Step(size, impl=..., remat=..., overrides=[...])`` is configs/txl_base_enwik8.py at a ``bench.measure.SIZES``-like
 size: ``relpos_jax.train_step.jitted_train_step`` over the model and optimizer state, sharded by
 ``relpos_jax.sharding``; ``compile()`` lowers it for abstract inputs and records the seconds, whether
 the persistent compilation cache answered (``CacheHits``) and XLA's memory for the program;
@@ -58,7 +58,8 @@ def enable_cache() -> None:
 class Step:
     """The training step of configs/txl_base_enwik8.py at ``size``, built as ``Trainer`` builds it."""
 
-    def __init__(self, size: dict, *, dtype: str = "bfloat16", impl: str = "dense", remat=False):
+    def __init__(self, size: dict, *, dtype: str = "bfloat16", impl: str = "dense", remat=False,
+                 overrides=()):  # fmt: skip
         import jax
         import jax.numpy as jnp
         from flax import nnx
@@ -74,7 +75,7 @@ class Step:
             f"model.n_layers={s['layers']}", f"model.d_model={s['d_model']}",
             f"model.n_heads={s['heads']}", f"model.d_ff={s['d_ff']}", f"model.mem_len={s['mem']}",
             f"model.dtype={dtype}", f"model.attention_impl={impl}", f"model.remat={remat}",
-            f"data.segment_len={s['seg']}", f"data.batch_size={s['batch']}",
+            f"data.segment_len={s['seg']}", f"data.batch_size={s['batch']}", *overrides,
         ]  # fmt: skip
         self.cfg = cfg = Config.from_any(load_config(CONFIG, overrides))
         self.size, self.mesh = size, sharding.make_mesh(cfg.mesh)

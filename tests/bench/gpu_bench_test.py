@@ -257,3 +257,18 @@ def test_a_kernels_run_renders_its_tables_only():
     assert "## Targets" not in text and "## Training step" not in text
     assert "| 8,192 | 512 | 2 | 3.00 |" in text and "1.50 |" in text  # against cuDNN at 8k
     assert "40 passed" in text
+
+
+def test_a_training_row_builds_its_step_with_the_rows_overrides():
+    """The diagnostic rows (the base step without dropout, RoPE's step) change the config they
+    name and nothing else; each of the full table's rows builds its step (abstract, no compile)."""
+    from bench.gpu_step import Step
+    from bench.measure import SIZES
+
+    rows = gpu.training_rows(quick=False)
+    assert [r["name"] for r in rows[:2]] == ["base", "large"]  # the targets' rows first
+    rope = next(r for r in rows if r.get("overrides") == ["model.position=rope"])
+    step = Step(SIZES["tiny"], impl=rope["impl"], overrides=rope["overrides"])
+    assert step.cfg.model.position == "rope" and step.cfg.model.dropout == 0.1
+    plain = Step(SIZES["tiny"], overrides=["model.dropout=0.0"]).cfg.model
+    assert plain.position == "txl" and plain.dropout == 0.0
