@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.clamp_len = config_dict.placeholder(int)  # txl: cap relative distances (None: no cap)
     m.pre_norm = False  # the paper is post-norm
     m.remat = False  # recompute each layer's activations in the backward pass (less memory)
+    m.scan_unroll = 1  # layers an iteration of the layers' scan; n_layers unrolls them all
     m.tie_embeddings = True  # output projection = input embedding transposed
     m.output_bias = False  # tied plain softmax: a bias per token too (the official code has one)
     # Adaptive input and softmax (word-level vocabularies; relpos_jax.adaptive): the vocabulary,

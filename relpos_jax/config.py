@@ -178,6 +178,7 @@ class ModelConfig(_Section):
     clamp_len: int | None
     pre_norm: bool
     remat: bool
+    scan_unroll: int
     tie_embeddings: bool
     output_bias: bool
     cutoffs: tuple[int, ...]
@@ -226,6 +227,7 @@ class ModelConfig(_Section):
         ):
             at_least(f"model.{name}", getattr(self, name), 1)
         at_least("model.mem_len", self.mem_len, 0)
+        at_least("model.scan_unroll", self.scan_unroll, 1)
         _rate("model.dropout", self.dropout)
         _rate("model.dropatt", self.dropatt)
         if self.d_model % self.n_heads:

@@ -66,6 +66,7 @@ def scan_blocks(
     *,
     deterministic: bool = True,
     remat: bool = False,
+    unroll: int = 1,
     layers: slice | None = None,
 ) -> tuple[jax.Array, Any]:
     """``x`` through the layers of ``stack``: ``run_layer(block, x, inputs) -> (x, outputs)`` for
@@ -74,7 +75,8 @@ def scan_blocks(
     ``deterministic``, dropout's counters advance and are written back to ``stack`` (with it the
     stack is only read, so that ``jax.grad`` of a closure over the model works). ``layers`` runs a
     slice of the stack (the first few layers, for analysis); ``remat``: ``jax.checkpoint`` per
-    layer."""
+    layer; ``unroll``: layers an iteration of the scan (the depth or more: no loop, so XLA
+    schedules and fuses across layers, and the compile grows with the depth)."""
     graphdef, counts, fixed = nnx.split(stack, nnx.RngCount, ...)
     if layers is not None:
         counts, fixed, per_layer = jax.tree.map(lambda a: a[layers], (counts, fixed, per_layer))
@@ -87,7 +89,7 @@ def scan_blocks(
 
     if remat:
         step = jax.checkpoint(step, prevent_cse=False)
-    x, (outputs, new_counts) = jax.lax.scan(step, x, (counts, fixed, per_layer))
+    x, (outputs, new_counts) = jax.lax.scan(step, x, (counts, fixed, per_layer), unroll=unroll)
     if not deterministic and layers is None:
         nnx.update(stack, new_counts)  # dropout drew: its counters moved
     return x, outputs

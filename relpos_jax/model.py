@@ -217,8 +217,9 @@ class TransformerLM(nnx.Module):
                 return x, (window_k, window_v)
 
             x, (window_keys, window_values) = layers.scan_blocks(
-                self.blocks, cached_layer, x, (mems.keys, mems.values), deterministic=deterministic
-            )
+                self.blocks, cached_layer, x, (mems.keys, mems.values),
+                deterministic=deterministic, unroll=cfg.scan_unroll,
+            )  # fmt: skip
             new_mems = memory_lib.update_key_value_memory(mems, window_keys, window_values)
         else:
 
@@ -226,8 +227,9 @@ class TransformerLM(nnx.Module):
                 return block(x, mem_BMD, ctx, deterministic=deterministic), x
 
             x, inputs_LBTD = layers.scan_blocks(
-                self.blocks, run_layer, x, mems.states, deterministic=deterministic, remat=cfg.remat
-            )
+                self.blocks, run_layer, x, mems.states, deterministic=deterministic,
+                remat=cfg.remat, unroll=cfg.scan_unroll,
+            )  # fmt: skip
             new_mems = memory_lib.update_memory(mems, inputs_LBTD)
         if cfg.pre_norm:
             x = self.final_norm(x)
