@@ -3,9 +3,10 @@
 ``configs/base.py`` is the one source of every field and its default: each section here is a frozen
 dataclass whose fields are that section's, with its defaults (``section`` checks at import that the
 two name the same fields; reading and typing the files is ``config_source``). ``load_config(path)``
-loads a config file exactly as ``--config path`` would. ``ModelConfig.from_any`` turns ``config.model`` (a ConfigDict, a dict or a ModelConfig) into
-the dataclass: the values go through base.py's ConfigDict, whose fields carry their types, then each
-section checks its ranges, so that a mistake ends in one line naming the field, the value and the fix.
+loads a config file exactly as ``--config path`` would. ``ModelConfig.from_any`` turns
+``config.model`` (a ConfigDict, a dict or a ModelConfig) into the dataclass: the values go through
+base.py's ConfigDict, whose fields carry their types, then each section checks its ranges, so that a
+mistake ends in one line naming the field, the value and the fix.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flax.core import FrozenDict
 
 from relpos_jax import adaptive, schemes
 from relpos_jax.config_source import (  # load_config, defaults: also imported from here
-    _Section,
+    Section,
     defaults,
     load_config,  # noqa: F401
     section,
@@ -37,7 +38,7 @@ def _rate(field: str, value: float) -> None:
 
 
 @section("model")
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """The model section of a config; see configs/base.py for what each field means."""
 
     position: str
@@ -161,7 +162,7 @@ class ModelConfig(_Section):
 
 
 @section("data")
-class DataConfig(_Section):
+class DataConfig(Section):
     name: str
     path: str | None
     dir: str | None
@@ -184,7 +185,7 @@ class DataConfig(_Section):
 
 
 @section("train")
-class TrainConfig(_Section):
+class TrainConfig(Section):
     steps: int
     lr: float
     warmup_steps: int
@@ -237,7 +238,7 @@ class TrainConfig(_Section):
 
 
 @section("eval")
-class EvalConfig(_Section):
+class EvalConfig(Section):
     segment_len: int | None
     mem_len: int | None
     clamp_len: int | None
@@ -256,7 +257,7 @@ class EvalConfig(_Section):
 
 
 @section("mesh")
-class MeshConfig(_Section):
+class MeshConfig(Section):
     data: int
     fsdp: int
     tensor: int

@@ -108,7 +108,7 @@ def _write_typed(name: str, section: ml_collections.ConfigDict, values: Any) -> 
             fail(f"{name}.{field}", value, "use a finite number")
 
 
-class _Section:
+class Section:
     """What every section shares: built from a ConfigDict, a mapping or itself."""
 
     SECTION = ""
