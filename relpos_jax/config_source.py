@@ -1,11 +1,12 @@
 """Config files -> ConfigDict -> typed fields: how ``relpos_jax.config``'s sections are read.
 
-``configs/base.py`` is the one source of every field, its default and its type. ``load_config(path)``
-loads a config file exactly as ``--config path`` would, overrides parsed as on the command line;
-``defaults()`` is a fresh copy of base.py's config; ``section(name)`` makes a class into the frozen
-dataclass of base.py's section ``name`` (its fields checked against base.py's at import), built by
-``from_any`` from a ConfigDict, a mapping of some of its fields or itself, every value written
-through base.py's typed ConfigDict so that a wrong type or an unknown field ends in one line.
+``configs/base.py`` is the one source of every field, its default and its type.
+``load_config(path)`` loads a config file exactly as ``--config path`` would, overrides parsed as on
+the command line; ``defaults()`` is a fresh copy of base.py's config; ``section(name)`` makes a
+class into the frozen dataclass of base.py's section ``name`` (its fields checked against base.py's
+at import), built by ``from_any`` from a ConfigDict, a mapping of some of its fields or itself,
+every value written through base.py's typed ConfigDict so that a wrong type or an unknown field
+ends in one line.
 """
 
 from __future__ import annotations

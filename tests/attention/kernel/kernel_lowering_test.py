@@ -51,11 +51,11 @@ def test_every_term_with_same_length_and_dropout_lowers_in_float32(platform):
 
 def test_float32_products_are_tf32_by_default_and_ieee_in_the_kernel_tests():
     """On a GPU the float32 kernels multiply in TF32 unless JAX's matmul precision says otherwise
-    (as XLA's products do); the kernel tests (``conftest.py``: "highest") hold them to float32,
-    the precision of their float64 comparisons. Read off the Triton IR Pallas emits."""
+    (as XLA's products do); the numeric kernel tests (``conftest.py``: "highest") hold them to
+    float32, the precision of their float64 comparisons. Read off the Triton IR Pallas emits."""
     fn, shapes = cubin.attention_step(("band",), 16, jnp.float32, block=16, queries=32, memory=32)
-    tested = [kernel.ir for kernel in cubin.lower(fn, *shapes)]
-    with jax.default_matmul_precision("default"):
-        default = [kernel.ir for kernel in cubin.lower(fn, *shapes)]
+    default = [kernel.ir for kernel in cubin.lower(fn, *shapes)]
+    with jax.default_matmul_precision("highest"):  # conftest.py's float32_products
+        tested = [kernel.ir for kernel in cubin.lower(fn, *shapes)]
     assert all("inputPrecision = tf32" in ir for ir in default)  # forward and backward
     assert len(tested) == 2 and not any("inputPrecision = tf32" in ir for ir in tested)

@@ -15,6 +15,8 @@ from relpos_jax.attention import kernel
 from relpos_jax.attention.kernel import skew
 from relpos_jax.schemes import fire
 
+pytestmark = pytest.mark.usefixtures("float32_products")  # conftest.py: IEEE float32 on a GPU
+
 B, T, M, N, H = 2, 40, 24, 2, 16
 # (backend, interpreted): both variants in the interpreter; compiled too on a GPU or TPU
 DEVICE = kernel.backend_of()

@@ -21,6 +21,8 @@ from relpos_jax.config import POSITIONS
 from relpos_jax.evaluate import with_config
 from tests.helpers import assert_dropout_gradient_is_the_forwards
 
+pytestmark = pytest.mark.usefixtures("float32_products")  # conftest.py: IEEE float32 on a GPU
+
 MEM, SEG = 13, 20  # window 33: blocks of 16 give 2 query blocks and 3 key blocks
 FUSED = [p for p in POSITIONS if schemes.get(p).fused]
 
