@@ -1,7 +1,8 @@
 """The training step that ``bench.gpu`` measures, built as ``train.py``'s ``Trainer`` builds it.
 
-``Step(size, impl=..., remat=..., overrides=[...])`` is configs/txl_base_enwik8.py at a ``bench.measure.SIZES``-like
-size: ``relpos_jax.train_step.jitted_train_step`` over the model and optimizer state, sharded by
+``Step(size, impl=..., remat=..., overrides=[...])`` is configs/txl_base_enwik8.py at a
+``bench.measure.SIZES``-like size, with config overrides such as ``"model.position=rope"``:
+``relpos_jax.train_step.jitted_train_step`` over the model and optimizer state, sharded by
 ``relpos_jax.sharding``; ``compile()`` lowers it for abstract inputs and records the seconds, whether
 the persistent compilation cache answered (``CacheHits``) and XLA's memory for the program;
 ``inputs()`` makes real state, a batch of random tokens and empty memory; ``run_steps`` times it.
