@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import sweep
+from experiments import ablation, sweep
 from experiments.compare import Compare
 from experiments.extrapolation import PI_LABEL
 
@@ -126,30 +126,20 @@ def _label(scheme: str, memory: bool) -> str:
     return f"{scheme}, {'memory' if memory else 'none'}"
 
 
-def _table6(a: tuple[str, bool], b: tuple[str, bool]):
-    """``a``'s test bpc below ``b``'s, (scheme, memory?) each, in the ablation."""
+def _table6(a: tuple[str, bool], b: tuple[str, bool], *, latter_half: bool = False):
+    """``a``'s test bpc below ``b``'s, (scheme, memory?) each, in the ablation; ``latter_half``:
+    on the latter half of each segment (``ablation.latter_half``: where a half-loss model trained),
+    by the spread rule over seeds."""
 
     def judge(results: dict, contains) -> Verdict:
-        windows = [_ablation(results, *side, field="test_windows") for side in (a, b)]
         names = (_label(*a), _label(*b))
-        verdict = order(_ablation(results, *a), _ablation(results, *b), names, windows)
-        _, stale = _stale(results, "ablation.json", ("partition",), contains)
-        return _with_why(verdict, stale)
-
-    return judge
-
-
-def _table6_latter_half(a: tuple[str, bool], b: tuple[str, bool]):
-    """``a``'s test bpc below ``b``'s on the latter half of each segment (``ablation.latter_half``:
-    where a half-loss model trained), by the spread rule over seeds."""
-
-    def judge(results: dict, contains) -> Verdict:
-        from experiments.ablation import latter_half
-
-        sides = [[v for r in _runs(results, *side) if (v := latter_half(r)) is not None]
-                 for side in (a, b)]  # fmt: skip
-        names = (f"{_label(*a)} (latter half)", f"{_label(*b)} (latter half)")
-        verdict = order(*sides, names)
+        if latter_half:
+            halves = [[ablation.latter_half(r) for r in _runs(results, *side)] for side in (a, b)]
+            sides = [[v for v in half if v is not None] for half in halves]
+            verdict = order(*sides, tuple(f"{name} (latter half)" for name in names))
+        else:
+            windows = [_ablation(results, *side, field="test_windows") for side in (a, b)]
+            verdict = order(_ablation(results, *a), _ablation(results, *b), names, windows)
         _, stale = _stale(results, "ablation.json", ("partition",), contains)
         return _with_why(verdict, stale)
 
@@ -251,7 +241,7 @@ CLAIMS = (
         "without recurrence, relative (TXL) beats absolute sinusoids (trained on half loss; "
         "compared on the latter half of each segment, where that model trained)",
         "29.59 vs 30.97 ppl (half loss)",
-        _table6_latter_half(("txl", False), ("sinusoid+half", False)),
+        _table6(("txl", False), ("sinusoid+half", False), latter_half=True),
     ),
     Claim(
         "ALiBi, Table / Fig. 1 (WikiText-103, trained at 512)",
