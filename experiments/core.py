@@ -14,13 +14,14 @@ In order, each a sweep of its own that resumes where it stopped:
    fine-tunes at 2×–8× (a tenth of ``--steps`` each);
 3. ``experiments.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
    vanilla) from the runs of step 1;
-4. ``experiments.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
-5. ``experiments.leaderboard`` and ``experiments.papers``: the tables, from the JSONs.
+4. ``experiments.init_best``: Table 6's init and best evaluation context of every run of step 1;
+5. ``experiments.probes``: the needle probe, models of its own (its own task), ``--probe-seeds``;
+6. ``experiments.leaderboard`` and ``experiments.papers``: the tables, from the JSONs.
 
 Everything goes to ``--out`` (``docs/results``): the home of this protocol's results; the earlier
 sweeps' tables, which mixed models, steps and splits, are in ``docs/results/earlier``.
 
-``--dry-run`` prints the training runs of steps 1, 2 and 4, each command line once (step 2 reuses
+``--dry-run`` prints the training runs of steps 1, 2 and 5, each command line once (step 2 reuses
 step 1's runs; its fine-tunes start from them, so a scheduler runs them after), for a Slurm array
 or ``xargs -P``; then run this command again (or with ``--finished-only``) to score and tabulate.
 """
@@ -55,6 +56,7 @@ def commands(args) -> list[list[str]]:
          "--sliding-up-to", str(64 * 512), "--pi-steps", str(args.steps // 10), *common],
         ["experiments.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
          *out],
+        ["experiments.init_best", "--mem-len", str(MEMORY), "--half-loss", HALF_LOSS, *common],
         ["experiments.probes", "--steps", str(args.steps), "--seeds",
          ",".join(map(str, args.probe_seeds)), "--runs", f"{args.runs}/probes", *out],
         ["experiments.leaderboard", "--results", args.out, *out],

@@ -117,3 +117,35 @@ def test_recl_is_judged_pair_by_pair_down_the_papers_order_by_each_seeds_interva
 def test_the_committed_comparison_is_rendered_from_the_committed_jsons():
     results = papers.gather(ROOT / "docs" / "results")
     assert papers.render(results) == (ROOT / "docs" / "results" / "papers.md").read_text()
+
+
+def _init_best(gains: dict[tuple[str, bool], list[tuple[float, float]]]) -> dict:
+    """An init_best.json: each (scheme, memory)'s best − init interval, a seed each (best at 128
+    where it lies below zero, else at init)."""
+    runs = []
+    for (scheme, memory), by_seed in gains.items():
+        for seed, (lo, hi) in enumerate(by_seed):
+            init, best = (64 if memory else 0), (128 if hi < 0 else 64 if memory else 0)
+            bpc = {str(init): 2.0, str(best): 2.0 + (lo + hi) / 2}
+            runs.append({"scheme": scheme, "memory": 64 if memory else 0, "seed": seed,
+                         "init": init, "best": best, "bpc": bpc, "gain": [(lo + hi) / 2, lo, hi]})  # fmt: skip
+    return {"init_best.json": {"settings": {"commit": "new"}, "runs": runs}}
+
+
+def test_init_and_best_are_judged_by_each_seeds_interval_of_the_gain():
+    gains_txl, shaw_claim = "with recurrence, its encoding gains from evaluating with a longer " \
+        "context than it trained with", "with recurrence, Shaw's encoding does not gain from a " \
+        "longer context"  # fmt: skip
+    below, across = [(-0.02, -0.01)] * 3, [(-0.01, 0.005)] * 3
+    verdicts = _verdicts(_init_best({("txl", True): below, ("shaw", True): across}))
+    assert verdicts[gains_txl].verdict == "agrees" and "3 of 3 seeds" in verdicts[gains_txl].why
+    assert "init 2.0000 → best 1.9850 at c = 128 (3 seeds)" in verdicts[gains_txl].ours
+    assert verdicts[shaw_claim].verdict == "agrees"  # no seed gains beyond chance
+    verdicts = _verdicts(
+        _init_best({("txl", True): [*below[:2], across[0]], ("shaw", True): below})
+    )
+    assert (
+        verdicts[gains_txl].verdict == "not resolved" and "2 of 3 seeds" in verdicts[gains_txl].why
+    )
+    assert verdicts[shaw_claim].verdict == "disagrees"
+    assert _verdicts({})[shaw_claim].verdict == "not comparable"
