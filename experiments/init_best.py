@@ -133,7 +133,9 @@ def render(results: dict) -> str:
             f"{_seeds_text([r['best'] for r in rows])} | {best:.4f} | {gain:+.4f} | "
             f"{beyond} of {len(rows)} | {PAPER.get((scheme, memory > 0), '')} |"
         )
-    lines += sweep.missing_lines(s)
+    if s.get("missing"):
+        lines += ["", "Not measured, so left out (no finished run of these steps in the runs folder: "
+                  f"not trained yet, or its folder is gone): {', '.join(s['missing'])}."]  # fmt: skip
     return "\n".join([*lines, ""])
 
 

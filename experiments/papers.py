@@ -70,7 +70,7 @@ def order(
     compare = Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None)
     text = (
         f"{names[0]} {compare.cell(0, digits)} vs {names[1]} {compare.cell(1, digits)} "
-        f"({min(len(a), len(b))} seeds)"
+        f"({_seeds(min(len(a), len(b)))})"
     )
     if not compare.apart(0, 1):
         why = "the paired interval of the difference holds zero" if compare.bootstrap else (
@@ -80,6 +80,10 @@ def order(
         return Verdict("not resolved", text, why)
     below = compare.mean(0) < compare.mean(1)
     return Verdict("agrees" if below else "disagrees", text + compare.difference_text(0, 1, digits))
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'}"
 
 
 def _runs(results: dict, scheme: str, memory: bool) -> list[dict]:
@@ -175,7 +179,7 @@ def _init_best(scheme: str, memory: bool, *, gains: bool):
         mean = [statistics.mean(r["bpc"][str(r[k])] for r in rows) for k in ("init", "best")]
         best = sorted({r["best"] for r in rows})
         ours = (f"{_label(scheme, memory)}: init {mean[0]:.4f} → best {mean[1]:.4f} at "
-                f"c = {', '.join(map(str, best))} ({len(rows)} seeds)")  # fmt: skip
+                f"c = {', '.join(map(str, best))} ({_seeds(len(rows))})")  # fmt: skip
         why = f"best below init beyond chance in {beyond} of {len(rows)} seeds (95% intervals)"
         if gains:  # (best is never above init: the claim holds or is not shown)
             verdict = "agrees" if beyond == len(rows) else "not resolved"

@@ -36,7 +36,7 @@ def test_the_table_gives_each_scheme_its_init_best_and_gain_with_the_papers_figu
     assert "| shaw | 64 | 1 | 2.0000 | 64 | 2.0000 | +0.0000 | 0 of 1 | 27.94 / 27.94 / 256 |" \
         in table  # fmt: skip
     assert table.index("| txl |") < table.index("| shaw |")  # by best bpc
-    assert "left out: shaw_mem64_seed1" in table
+    assert "or its folder is gone): shaw_mem64_seed1." in table
 
 
 def _args(tmp_path, *flags: str):
