@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = ablation.runs_of(args)
     settings = sweep.settings(
         ["experiments.init_best", *(sys.argv[1:] if argv is None else argv)],
-        contexts=args.contexts, tokens=args.tokens,
+        steps=args.steps, sets=list(args.set), contexts=args.contexts, tokens=args.tokens,
         segment=args.segment, replicates=args.replicates, missing=[],
     )  # fmt: skip
     results = {"settings": settings, "runs": []}

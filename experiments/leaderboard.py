@@ -17,6 +17,9 @@ from ``ablation_windows.npz``; ``compare.Compare``):
 - RECL (r = 0.1): ``experiments.recl --ablation`` (``recl.json``), within the group that sweep measured
   (Dai et al.'s four by default; every scheme's runs in a JSON of the earlier protocol), "≥" where
   a seed still gained at the longest context measured (a lower bound);
+- best context: ``experiments.init_best`` (``init_best.json``), the evaluation context c (memory, or
+  window before the segment) of each run's lowest bpc: Table 6's "best" (its "init" is the trained
+  memory, 64 or 0);
 - needle accuracy: ``experiments.probes`` (``probe_needle.json``), mean over the distances the probe
   trains on (over every distance scored, for a JSON that predates that record); the rows with
   memory from its ``memory`` condition, those without from ``in_segment``.
@@ -43,7 +46,8 @@ NOT_APPLICABLE = "n/a"
 NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
 FACTORS = (1, 4, 16)  # the extrapolation columns: bpc at these multiples of the trained length
 COLUMNS = (
-    "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "needle accuracy",
+    "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "best context",
+    "needle accuracy",
 )  # fmt: skip
 
 
@@ -81,6 +85,11 @@ def _recl(results: dict, cells: dict) -> None:
         cells.setdefault((run["scheme"], memory, "RECL (r = 0.1)"), []).append(run["recl"]["0.1"])
 
 
+def _init_best(results: dict, cells: dict) -> None:
+    for run in results["runs"]:
+        cells.setdefault((run["scheme"], run["memory"] > 0, "best context"), []).append(run["best"])
+
+
 def _needle(results: dict, cells: dict) -> None:
     rows = {"memory": True, "in_segment": False}
     for run in results["runs"]:
@@ -96,6 +105,7 @@ SOURCES = {  # file: (what it fills, the column it feeds)
     "ablation.json": (_ablation, "test bpc"),
     "extrapolation.json": (_extrapolation, "bpc at 1×, 4×, 16×"),
     "recl.json": (_recl, "RECL"),
+    "init_best.json": (_init_best, "best context"),
     "probe_needle.json": (_needle, "needle accuracy"),
 }
 WINDOWS_SOURCES = {"ablation.json": _ablation_windows}  # the columns whose runs keep windows
@@ -143,7 +153,7 @@ def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
 
 
 def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -> str:
-    digits = {"RECL (r = 0.1)": 0, "needle accuracy": 3}
+    digits = {"RECL (r = 0.1)": 0, "best context": 0, "needle accuracy": 3}
     contexts = (sources.get("recl.json") or {}).get("contexts")
     longest = {"RECL (r = 0.1)": contexts[-1]} if contexts else {}
     compare = {c: k for c, k in _comparisons(cells, windows or {}).items() if k.bootstrap}
@@ -157,7 +167,9 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
         "and accuracy. Bpc at 1×, 4× and 16× the training length is measured on models trained "
         "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
-        "split). The settings of each measure (sizes, steps, memory, tokens) are in its table."
+        "split). Best context: the evaluation context c (memory, or window before the segment) "
+        "where a run scores best, the trained one being its memory. The settings of each measure "
+        "(sizes, steps, memory, tokens) are in its table."
         f"{intervals} Claim by claim against the papers: [papers.md](papers.md).",
         "",
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",
@@ -203,8 +215,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
 
 def _one_set(sources: dict[str, dict]) -> str:
     """Whether the model columns come from one set of models: the ablation's runs, scored for
-    extrapolation (``experiments.extrapolation --models ablation``) and RECL (``experiments.recl --ablation``)
-    with its steps and overrides."""
+    extrapolation (``experiments.extrapolation --models ablation``), RECL (``experiments.recl --ablation``)
+    and init/best (``experiments.init_best``) with its steps and overrides."""
     ablation = sources.get("ablation.json")
     if ablation is None:
         return "The columns come from different runs (no ablation to share)."
@@ -222,8 +234,14 @@ def _one_set(sources: dict[str, dict]) -> str:
         or recl.get("steps", ablation["steps"]) != ablation["steps"]
     ):
         apart.append("RECL")
+    init_best = sources.get("init_best.json")
+    if init_best is not None and any(init_best.get(k) != ablation.get(k) for k in same):
+        apart.append("best context")
     if not apart:
-        return "Test bpc, extrapolation and RECL come from one set of models: the ablation's runs."
+        shared = [name for file, name in (("extrapolation.json", "extrapolation"), ("recl.json",
+                  "RECL"), ("init_best.json", "best context")) if file in sources]  # fmt: skip
+        return (f"{', '.join(['Test bpc', *shared[:-1]])}{' and ' + shared[-1] if shared else ''} "
+                "come from one set of models: the ablation's runs.")  # fmt: skip
     return (
         f"Not one set of models: {', '.join(apart)} come from runs other than the test bpc's "
         "(the needle probe trains models of its own, on its own task)."

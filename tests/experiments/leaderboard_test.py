@@ -45,8 +45,8 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     # the sized variant (tables within the trained distances) where the sweep has it
     assert _row(table, "t5", "no")[2:4] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
     assert _row(table, "rope", "no")[2] == "4.0000 ± 0.0000 (1)"  # not its extensions
-    assert _row(table, "alibi", "yes")[5] == "0.200 ± 0.000 (2)"  # mean over distances
-    assert _row(table, "alibi", "no")[5] == "0.500 ± 0.000 (2)"  # in segment
+    assert _row(table, "alibi", "yes")[6] == "0.200 ± 0.000 (2)"  # mean over distances
+    assert _row(table, "alibi", "no")[6] == "0.500 ± 0.000 (2)"  # in segment
     assert _row(table, "txl", "yes")[4] == leaderboard.NOT_MEASURED  # recl.json: old format
     assert "| none |" not in table  # no sweep ran it: no row
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
@@ -57,6 +57,9 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert leaderboard.NOT_MEASURED not in full
     assert _row(full, "txl", "yes")[4] == "≥128 ± 0 (1)"  # the longest context: a lower bound
     assert _row(full, "txl", "no")[4] == "64 ± 0 (1)"
+    assert (
+        _row(full, "txl", "yes")[5] == "128 ± 0 (1)" and _row(full, "txl", "no")[5] == "64 ± 0 (1)"
+    )
 
 
 def _full(folder):
@@ -78,6 +81,10 @@ def _full(folder):
     ])  # fmt: skip
     results = json.loads((folder / "recl.json").read_text())
     (folder / "recl.json").write_text(json.dumps({**results, "contexts": [0, 64, 128]}))
+    _write(folder / "init_best.json", "i", [
+        {"scheme": p, "memory": m, "seed": 0, "best": 64 * (1 + (m > 0))}
+        for p in POSITIONS for m in (64, 0)
+    ])  # fmt: skip
     _write(folder / "probe_needle.json", "n", [
         {"scheme": p, "condition": c, "seed": 0, "curve": [{"distance": 8, "byte_accuracy": 1.0}]}
         for p in POSITIONS for c in ("memory", "in_segment")
@@ -126,3 +133,15 @@ def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
     assert one.startswith("Test bpc, extrapolation and RECL come from one set of models")
     apart = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": own})
     assert apart.startswith("Not one set of models: bpc at 1×, 4× and 16× (models of its own)")
+    init_best = {
+        "command": "python -m experiments.init_best",
+        "steps": 4000,
+        "sets": ["model.n_layers=4"],
+    }
+    four = leaderboard._one_set({"ablation.json": ablation, "extrapolation.json": shared,
+                                 "recl.json": recl, "init_best.json": init_best})  # fmt: skip
+    assert four.startswith("Test bpc, extrapolation, RECL and best context come from one set")
+    other = leaderboard._one_set(
+        {"ablation.json": ablation, "init_best.json": {**init_best, "steps": 500}}
+    )
+    assert other.startswith("Not one set of models: best context come")
