@@ -149,3 +149,16 @@ def test_init_and_best_are_judged_by_each_seeds_interval_of_the_gain():
     )
     assert verdicts[shaw_claim].verdict == "disagrees"
     assert _verdicts({})[shaw_claim].verdict == "not comparable"
+
+
+def test_a_disagreement_says_what_differs_in_scale():
+    fire = "FIRE below KERPLE at 4–8× the trained length (here 8×)"
+    results = {"extrapolation.json": _extrapolation({"fire": {8: [2.2, 2.21, 2.22]},
+                                                     "kerple": {8: [1.8, 1.81, 1.82]}})}  # fmt: skip
+    verdict = _verdicts(results)[fire]
+    assert (
+        verdict.verdict == "disagrees"
+        and "at this scale: FIRE's paper trains at 2,048" in verdict.why
+    )
+    agrees = {"fire": {8: [1.8, 1.81, 1.82]}, "kerple": {8: [2.2, 2.21, 2.22]}}
+    assert _verdicts({"extrapolation.json": _extrapolation(agrees)})[fire].why == ""
