@@ -261,8 +261,9 @@ def plot_positions(results: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = options.parser(__doc__)
+def add_run_options(parser) -> None:
+    """The options that name the sweep's runs (``runs_of``): ``--steps``, ``--schemes``, ``--seeds``,
+    ``--mem-len``, ``--half-loss``; the sweeps that score its runs take them too."""
     parser.add_argument("--steps", type=int, default=500)
     options.add_schemes(parser, POSITIONS)
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
@@ -271,6 +272,11 @@ def main() -> None:
         "--half-loss", type=options.listed(choices=POSITIONS), default="", metavar="A,B,...",
         help="schemes also trained without memory on half loss (Table 6's absolute encodings)",
     )  # fmt: skip
+
+
+def main() -> None:
+    parser = options.parser(__doc__)
+    add_run_options(parser)
     parser.add_argument(
         "--eval-every", type=int, default=0,
         help="validate every N steps during training (train.eval_every): the table of memory's "

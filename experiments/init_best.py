@@ -33,7 +33,7 @@ from bench.measure import ROOT
 from experiments import ablation, sweep
 from experiments.recl import BATCH_ROWS, trained
 from relpos_jax.analysis.context_losses import MEMORY, scoring_for, trained_window
-from relpos_jax.config import POSITIONS, load_config
+from relpos_jax.config import load_config
 
 # Dai et al. 2019, Table 6 (WikiText-103, 128M, trained at length 128): PPL init / best / Attn Len
 PAPER = {
@@ -164,12 +164,7 @@ def dry_run(runs: dict, results: dict, earlier: dict | None, args) -> str:
 
 def parse(argv: list[str] | None = None):
     parser = options.parser(__doc__)
-    parser.add_argument("--steps", type=int, default=500, help="the ablation's training steps")
-    options.add_schemes(parser, POSITIONS)
-    parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
-    parser.add_argument("--mem-len", type=int, default=128, help="the memory runs' mem_len")
-    parser.add_argument("--half-loss", type=options.listed(choices=POSITIONS), default="",
-                        metavar="A,B,...", help="as the ablation had")  # fmt: skip
+    ablation.add_run_options(parser)  # the ablation's runs, named as it names them
     parser.add_argument("--contexts", type=options.ints, default="0,64,128,256,512",
                         help="evaluation contexts c (0 and --mem-len are added)")  # fmt: skip
     parser.add_argument("--tokens", type=int, default=32768, help="test tokens scored")
