@@ -111,7 +111,9 @@ def render(results: dict) -> str:
         "without); **best**: the c of its lowest bpc, the shortest on a tie (each seed's, listed "
         "when they differ). Test bpc: the mean over seeds. **best − init**: the mean over seeds; "
         "beyond chance: the seeds whose 95% interval (percentile bootstrap over blocks of "
-        f"{s['segment']} tokens, {s['replicates']:,} replicates, paired) lies below zero. "
+        f"{s['segment']} tokens, {s['replicates']:,} replicates, paired) lies below zero (best is "
+        "chosen on the tokens it is scored on: the interval says that the longer context helps, "
+        "its size is a little optimistic). "
         "The paper: WikiText-103 perplexity at init / at best / the shortest attention length that "
         "reaches best, trained at length 128.",
         "",
