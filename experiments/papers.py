@@ -89,6 +89,12 @@ CLAIMS = (
         init_best_gain("txl", False, gains=True),
     ),
     Claim(
+        "Transformer-XL, Table 6 (PPL init / best)",
+        "without recurrence, Shaw's encoding does not gain from a longer context",
+        "29.75 init = 29.75 best (attention length 120)",
+        init_best_gain("shaw", False, gains=False),
+    ),
+    Claim(
         "ALiBi, Table / Fig. 1 (WikiText-103, trained at 512)",
         "ALiBi extrapolates: 4× the trained length no worse than 1×",
         "19.73 at 512, 18.40 at 3,512 ppl",
