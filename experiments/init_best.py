@@ -6,7 +6,7 @@ at the evaluation context it was trained with and at the one that scores best.
         [--contexts 0,64,128,256,512] [--tokens 32768] [--dry-run]
 
 Dai et al. score each model at the attention length it trained with (PPL init) and at the one that
-scores best (PPL best; Attn Len, the shortest such length): only their encoding with recurrence gained
+scores best (PPL best; Attn Len, the shortest such length): only their relative encoding gained
 from attending further than it trained. Here every run of the ablation (``{scheme}_mem{M|0}_seed{s}``,
 ``<scheme>+half`` for ``--half-loss``) is scored as it was trained, as ``experiments.recl`` scores it
 (``relpos_jax.analysis.context_losses``): with a memory of c if it trained with one, else in fresh
