@@ -88,8 +88,11 @@ def kept(earlier: dict | None, settings: dict, run: sweep.Run) -> dict | None:
     return row if row is not None and (now is None or row["trained"] == now) else None
 
 
-def _seeds_text(values: list) -> str:
-    return ", ".join(map(str, values)) if len(set(values)) > 1 else str(values[0])
+def _seeds_text(values: list, longest: int) -> str:
+    """Each seed's best context where they differ, one where they agree; "≥" at the longest
+    context measured (a lower bound)."""
+    texts = [f"≥{v}" if v == longest else str(v) for v in values]
+    return ", ".join(texts) if len(set(values)) > 1 else texts[0]
 
 
 def render(results: dict) -> str:
@@ -109,8 +112,9 @@ def render(results: dict) -> str:
         f"trained window), at c = {', '.join(map(str, s['contexts']))}. A token at offset j of its "
         "segment attends to c + j earlier tokens. **init**: c = the memory it trained with (0 "
         "without); **best**: the c of its lowest bpc, the shortest on a tie (each seed's, listed "
-        "when they differ). Test bpc: the mean over seeds. **best − init**: the mean over seeds; "
-        "beyond chance: the seeds whose 95% interval (percentile bootstrap over blocks of "
+        "when they differ; ≥ at the longest c, a lower bound). Test bpc: the mean over seeds. "
+        "**best − init**: the mean over seeds; beyond chance: the seeds whose 95% interval "
+        "(percentile bootstrap over blocks of "
         f"{s['segment']} tokens, {s['replicates']:,} replicates, paired) lies below zero (best is "
         "chosen on the tokens it is scored on: the interval says that the longer context helps, "
         "its size is a little optimistic). "
@@ -132,7 +136,7 @@ def render(results: dict) -> str:
         beyond = sum(r["gain"][2] < 0 for r in rows)
         lines.append(
             f"| {scheme} | {memory} | {len(rows)} | {init:.4f} | "
-            f"{_seeds_text([r['best'] for r in rows])} | {best:.4f} | {gain:+.4f} | "
+            f"{_seeds_text([r['best'] for r in rows], s['contexts'][-1])} | {best:.4f} | {gain:+.4f} | "
             f"{beyond} of {len(rows)} | {PAPER.get((scheme, memory > 0), '')} |"
         )
     if s.get("missing"):

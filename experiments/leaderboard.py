@@ -123,7 +123,10 @@ def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict], dict]:
             fill(results, cells)
             if name in WINDOWS_SOURCES:
                 WINDOWS_SOURCES[name](results, windows)
-            sources[name] = {**results["settings"], "contexts": results.get("contexts")}
+            sources[name] = {
+                **results["settings"],
+                "contexts": results.get("contexts") or results["settings"].get("contexts"),
+            }
     return cells, sources, windows
 
 
@@ -135,7 +138,7 @@ def _cell(
     key=None,
 ) -> str:
     """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; "≥" where a seed reached
-    ``longest`` (RECL's longest context: a lower bound)."""
+    ``longest`` (the longest context RECL or init/best measured: a lower bound)."""
     if not values:
         return NOT_MEASURED
     bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
@@ -154,8 +157,11 @@ def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
 
 def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -> str:
     digits = {"RECL (r = 0.1)": 0, "best context": 0, "needle accuracy": 3}
-    contexts = (sources.get("recl.json") or {}).get("contexts")
-    longest = {"RECL (r = 0.1)": contexts[-1]} if contexts else {}
+    longest = {  # the longest context measured: a value there is a lower bound
+        column: contexts[-1]
+        for column, name in (("RECL (r = 0.1)", "recl.json"), ("best context", "init_best.json"))
+        if (contexts := (sources.get(name) or {}).get("contexts"))
+    }
     compare = {c: k for c, k in _comparisons(cells, windows or {}).items() if k.bootstrap}
     intervals = "".join(
         f" The {column} column reads {k.summary_rule}." for column, k in compare.items()

@@ -31,7 +31,7 @@ def test_the_table_gives_each_scheme_its_init_best_and_gain_with_the_papers_figu
     table = init_best.render(_results(runs, missing=["shaw_mem64_seed1"]))
     assert "`python -m experiments.init_best --schemes txl,shaw`" in table
     assert "at c = 0, 64, 128" in table and "blocks of 16 tokens, 500 replicates" in table
-    assert "| txl | 64 | 2 | 2.0050 | 128, 64 | 1.9900 | -0.0150 | 1 of 2 | 27.02 / 26.77 / 500 |" \
+    assert "| txl | 64 | 2 | 2.0050 | ≥128, 64 | 1.9900 | -0.0150 | 1 of 2 | 27.02 / 26.77 / 500 |" \
         in table  # fmt: skip
     assert "| shaw | 64 | 1 | 2.0000 | 64 | 2.0000 | +0.0000 | 0 of 1 | 27.94 / 27.94 / 256 |" \
         in table  # fmt: skip

@@ -62,8 +62,9 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     )
 
 
-def _full(folder):
-    """Every cell measured: no "not measured" is left."""
+def _full(folder, best_memory: int = 128):
+    """Every cell measured: no "not measured" is left; the runs with memory best at
+    ``best_memory``."""
     from relpos_jax.config import POSITIONS
 
     folder.mkdir()
@@ -82,9 +83,9 @@ def _full(folder):
     results = json.loads((folder / "recl.json").read_text())
     (folder / "recl.json").write_text(json.dumps({**results, "contexts": [0, 64, 128]}))
     _write(folder / "init_best.json", "i", [
-        {"scheme": p, "memory": m, "seed": 0, "best": 64 * (1 + (m > 0))}
+        {"scheme": p, "memory": m, "seed": 0, "best": best_memory if m else 64}
         for p in POSITIONS for m in (64, 0)
-    ])  # fmt: skip
+    ], contexts=[0, 64, 128, 256])  # fmt: skip
     _write(folder / "probe_needle.json", "n", [
         {"scheme": p, "condition": c, "seed": 0, "curve": [{"distance": 8, "byte_accuracy": 1.0}]}
         for p in POSITIONS for c in ("memory", "in_segment")
