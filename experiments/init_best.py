@@ -35,17 +35,9 @@ from experiments.recl import BATCH_ROWS, trained
 from relpos_jax.analysis.context_losses import MEMORY, scoring_for, trained_window
 from relpos_jax.config import load_config
 
-# Dai et al. 2019, Table 6 (WikiText-103, 128M, trained at length 128): PPL init / best / Attn Len
-PAPER = {
-    ("txl", True): "27.02 / 26.77 / 500",
-    ("shaw", True): "27.94 / 27.94 / 256",
-    ("txl+half", True): "28.69 / 28.33 / 460",
-    ("txl", False): "29.59 / 29.02 / 260",
-    ("txl+half", False): "30.10 / 30.10 / 120",
-    ("shaw", False): "29.75 / 29.75 / 120",
-    ("shaw+half", False): "30.50 / 30.50 / 120",
-    ("sinusoid+half", False): "30.97 / 30.97 / 120 (Vaswani et al.)",
-    ("learned+half", False): "31.16 / 31.16 / 120 (Al-Rfou et al.)",
+PAPER = {  # Table 6's PPL init / best / Attn Len beside each row
+    key: f"{init} / {best} / {length}" + (f" ({model})" if model else "")
+    for key, (init, best, length, model) in ablation.TABLE6.items()
 }
 KEEP = (
     "contexts",
@@ -146,10 +138,8 @@ def render(results: dict) -> str:
 
 
 def dry_run(runs: dict, results: dict, earlier: dict | None, args) -> str:
-    lines, untrained = (
-        [f"contexts {args.contexts}, {args.tokens:,} tokens, segments of {args.segment}"],
-        [],
-    )
+    lines = [f"contexts {args.contexts}, {args.tokens:,} tokens, segments of {args.segment}"]
+    untrained = []
     for (label, mem_len, _), run in runs.items():
         done = kept(earlier, results["settings"], run) is not None
         how = "with memory c" if scoring_for(mem_len) == MEMORY else "in windows"

@@ -244,10 +244,11 @@ def _one_set(sources: dict[str, dict]) -> str:
     if init_best is not None and any(init_best.get(k) != ablation.get(k) for k in same):
         apart.append("best context")
     if not apart:
-        shared = [name for file, name in (("extrapolation.json", "extrapolation"), ("recl.json",
-                  "RECL"), ("init_best.json", "best context")) if file in sources]  # fmt: skip
-        return (f"{', '.join(['Test bpc', *shared[:-1]])}{' and ' + shared[-1] if shared else ''} "
-                "come from one set of models: the ablation's runs.")  # fmt: skip
+        named = {"extrapolation.json": "extrapolation", "recl.json": "RECL",
+                 "init_best.json": "best context"}  # fmt: skip
+        columns = ["Test bpc", *(name for file, name in named.items() if file in sources)]
+        listed = f"{', '.join(columns[:-1])} and {columns[-1]}" if len(columns) > 1 else columns[0]
+        return f"{listed} come from one set of models: the ablation's runs."
     return (
         f"Not one set of models: {', '.join(apart)} come from runs other than the test bpc's "
         "(the needle probe trains models of its own, on its own task)."
