@@ -36,15 +36,16 @@ to L_train. Where sizing leaves a scheme's tables as they are (T5 at L_train = 1
 sized run; the table says so. RoPE is also scored with its length extensions applied at
 evaluation time without retraining (factor L / train-len): position interpolation (``linear``),
 NTK-aware (``ntk``), dynamic NTK, YaRN and Llama 3, at the factors the papers use zero-shot (up to
-``--extensions-up-to``, 8). YaRN's β are rotation counts over the trained length: its defaults (32,
-1) are for L₀ = 4,096; ``yarn_betas`` scales them to L₀ so that the same share of the head's
-frequencies is kept, ramped and interpolated (the frequencies are fractions of the head dim, so
-the head dim does not change the share). Position interpolation is also fine-tuned, as its paper
-does: ``--pi-steps`` steps (default 50: a tenth of the default 500-step pretraining, 1/80 of the
-core comparison's 4,000 steps) of each seed's RoPE run at each of
-those factors with positions scaled by 1 / factor (``configs/rope_pi.py``, ``train.init_from``),
-scored at that length (row ``rope+linear, fine-tuned``). These runs start from their RoPE run, so
-``--dry-run`` lists them after it: a scheduler must run them once it has finished.
+``--extensions-up-to``, 8), with YaRN's β scaled to the trained length (``rope_stretch.yarn_betas``:
+its defaults are rotation counts over L₀ = 4,096). Position interpolation is also fine-tuned, as its
+paper does: ``--pi-steps`` steps (default 50: a tenth of the default 500-step pretraining, 1/80 of
+the core comparison's 4,000 steps) of each seed's RoPE run at each of those factors with positions
+scaled by 1 / factor (``configs/rope_pi.py``, ``train.init_from``), scored at that length (row
+``rope+linear, fine-tuned``); ``--fine-tune linear,ntk,yarn`` fine-tunes those extensions the same
+way (YaRN's Table 1 fine-tunes PI, NTK and YaRN alike), each scored at its length and at twice it
+(YaRN's question: which degrades least past the window it was fine-tuned at). These runs start
+from their RoPE run, so ``--dry-run`` lists them after it: a scheduler must run them once it has
+finished.
 
 Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
 sd over seeds) and ``extrapolation.png`` from it (``experiments.extrapolation_tables``).
@@ -70,9 +71,17 @@ from experiments.common import (
 )
 from experiments.extrapolation_tables import PROTOCOLS, plot, render
 from relpos_jax.config import load_config
+from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
 
-ROPE_EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "llama3")
-PI_LABEL = "rope+linear, fine-tuned"  # position interpolation with its short fine-tune
+ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
+FINE_TUNABLE = ("linear", "ntk", "yarn", "llama3")  # dynamic NTK's factor follows the length
+
+
+def fine_tuned_label(kind: str) -> str:
+    return f"rope+{kind}, fine-tuned"
+
+
+PI_LABEL = fine_tuned_label("linear")  # position interpolation with its short fine-tune
 SIZED = ("shaw", "t5", "deberta")  # the schemes whose tables the "sized" variant changes
 
 
@@ -86,31 +95,6 @@ def variant_settings(variant: str, train_len: int) -> tuple[str, ...]:
         f"model.deberta.bucket_size={max(2, train_len // 2)}",
         f"model.deberta.max_position={train_len}",
     )  # fmt: skip
-
-
-def rope_scaling(kind: str, factor: float, train_len: int) -> dict | None:
-    """The HuggingFace ``rope_scaling`` dict of ``kind`` stretched by ``factor``."""
-    if factor <= 1:
-        return None
-    if kind in ("linear", "ntk"):
-        return {"rope_type": kind, "factor": factor}
-    scaling = {"rope_type": kind, "factor": factor, "original_max_position_embeddings": train_len}
-    if kind == "llama3":
-        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
-    if kind == "yarn":
-        scaling.update(yarn_betas(train_len))
-    return scaling
-
-
-YARN_DEFAULT_LENGTH = 4096  # the L₀ that YaRN's β_fast = 32, β_slow = 1 were chosen for (LLaMA 2)
-
-
-def yarn_betas(train_len: int) -> dict[str, float]:
-    """YaRN's ``beta_fast`` and ``beta_slow`` for a model trained at ``train_len``: the defaults'
-    rotation counts scaled by ``train_len / 4096``, so that the dimensions kept, ramped and
-    interpolated are the same share of the head as for LLaMA 2 (1 and 1/32 at 128)."""
-    scale = train_len / YARN_DEFAULT_LENGTH
-    return {"beta_fast": 32 * scale, "beta_slow": 1 * scale}
 
 
 def sized_as_defaults(scheme: str, train_len: int) -> bool:
@@ -162,33 +146,52 @@ def runs_of(args) -> dict[tuple[str, str, int], sweep.Run]:
 
 
 def pi_factors(args) -> list[int]:
-    """The factors RoPE is fine-tuned at by position interpolation: the swept ones from 2 up to
-    ``--extensions-up-to`` (none without ``--pi-steps`` or RoPE's defaults run)."""
+    """The factors RoPE is fine-tuned at: the swept ones from 2 up to ``--extensions-up-to`` (none
+    without ``--pi-steps`` or RoPE's defaults run)."""
     if not args.pi_steps or "rope" not in args.schemes or "defaults" not in args.variants:
         return []
     return [f for f in args.factors if 2 <= f <= args.extensions_up_to]
 
 
-def pi_runs_of(args, runs: dict) -> dict[tuple[int, int], sweep.Run]:
-    """Each seed's fine-tune of its RoPE run (``runs``) at each ``pi_factors`` factor, by
-    (factor, seed)."""
-    pi_runs = {}
-    for factor in pi_factors(args):
-        for seed in args.seeds:
-            base = runs["rope", "defaults", seed]
-            batch = load_config(ROOT / base.config, list(base.settings)).data.batch_size
-            name = f"rope_pi{factor}_len{args.train_len}_seed{seed}"
-            settings = (
-                *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",
-                "train.eval_every=0", "model.mem_len=0",
-                f"data.segment_len={args.train_len * factor}",
-                f"data.batch_size={max(1, batch // factor)}",
-                f"train.init_from={base.named_workdir}",
-            )  # fmt: skip
-            pi_runs[factor, seed] = sweep.Run(
-                name, pathlib.Path(args.runs) / name, f"configs/rope_pi.py:{factor}", settings
-            )
-    return pi_runs
+def fine_tune_name(kind: str, factor: int, train_len: int, seed: int) -> str:
+    """``rope_pi4_len64_seed0`` for position interpolation, ``rope_yarn4_len64_seed0`` for YaRN."""
+    return f"rope_{'pi' if kind == 'linear' else kind}{factor}_len{train_len}_seed{seed}"
+
+
+def fine_tune_runs_of(args, runs: dict) -> dict[tuple[str, int, int], sweep.Run]:
+    """Each seed's fine-tune of its RoPE run (``runs``) by each ``--fine-tune`` extension at each
+    ``pi_factors`` factor, by (extension, factor, seed): segments factor × longer with factor ×
+    fewer rows (the same tokens a step), ``configs/rope_pi.py``'s gentle learning rate."""
+    fine_tunes = {}
+    for kind in args.fine_tune:
+        for factor in pi_factors(args):
+            for seed in args.seeds:
+                base = runs["rope", "defaults", seed]
+                batch = load_config(ROOT / base.config, list(base.settings)).data.batch_size
+                name = fine_tune_name(kind, factor, args.train_len, seed)
+                settings = (
+                    *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",
+                    "train.eval_every=0", "model.mem_len=0",
+                    f"data.segment_len={args.train_len * factor}",
+                    f"data.batch_size={max(1, batch // factor)}",
+                    f"train.init_from={base.named_workdir}",
+                )  # fmt: skip
+                spec = f"{factor}" if kind == "linear" else f"{factor},{kind},{args.train_len}"
+                fine_tunes[kind, factor, seed] = sweep.Run(
+                    name, pathlib.Path(args.runs) / name, f"configs/rope_pi.py:{spec}", settings
+                )
+    return fine_tunes
+
+
+def past_label(kind: str) -> str:
+    return f"{fine_tuned_label(kind)}, at 2× its length"
+
+
+def fine_tuned_rows(kind: str, factor: int, args) -> list[tuple[str, list[int]]]:
+    """(row, [L]) a fine-tune at ``factor`` is scored in: its length, and twice it where swept."""
+    length = args.train_len * factor
+    rows = [(fine_tuned_label(kind), [length])]
+    return rows + ([(past_label(kind), [2 * length])] if 2 * factor in args.factors else [])
 
 
 def measure(model, stream, length: int, protocols, args) -> dict[str, float]:
@@ -242,8 +245,8 @@ def score(
             if kind is not None and length > args.train_len * args.extensions_up_to:
                 continue  # beyond the factors the extensions are published for
             todo = [p for p in protocols_at(length, args) if str(length) not in rows[p]]
-            scaling = None if kind is None else rope_scaling(kind, length / args.train_len,
-                                                             args.train_len)  # fmt: skip
+            scaling = None if kind is None else stretched(kind, length / args.train_len,
+                                                          args.train_len)  # fmt: skip
             if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
                 for protocol in todo:
                     if str(length) in bpc[labels[0][0]][protocol]:
@@ -269,7 +272,12 @@ def score(
             print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
     wanted = {str(n) for n in lengths}
     keep = lambda by_length: {n: v for n, v in by_length.items() if n in wanted}  # noqa: E731
-    return {label: {p: keep(v) for p, v in rows.items()} for label, rows in bpc.items()}
+    asked = {label for label, _ in labels}
+    return {
+        label: {p: keep(v) for p, v in rows.items()}
+        for label, rows in bpc.items()
+        if label in asked
+    }
 
 
 def main() -> None:
@@ -292,6 +300,10 @@ def main() -> None:
     parser.add_argument(
         "--pi-steps", type=int, default=50,
         help="position interpolation's fine-tune of each RoPE run at 2× … (0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fine-tune", type=options.listed(choices=FINE_TUNABLE), default="linear",
+        help="the RoPE extensions fine-tuned at 2× … (linear: position interpolation)",
     )  # fmt: skip
     parser.add_argument("--tokens", type=int, default=0, help="test tokens scored (0: all)")
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
@@ -321,13 +333,13 @@ def main() -> None:
     sizing = [s for s in args.schemes if s in SIZED and "sized" in args.variants]
     args.sized_as_defaults = [s for s in sizing if sized_as_defaults(s, args.train_len)]
     runs = runs_of(args)
-    pi_runs = pi_runs_of(args, runs)
+    fine_tunes = fine_tune_runs_of(args, runs)
     if args.dry_run:  # the fine-tunes after the runs they start from
-        print(sweep.dry_run([*runs.values(), *pi_runs.values()]))
+        print(sweep.dry_run([*runs.values(), *fine_tunes.values()]))
         return
     runs, _, missing = sweep.finish(runs, args)
-    pi_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})
-    pi_runs, _, pi_missing = sweep.finish(pi_runs, pi_args)
+    fine_tune_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})
+    fine_tunes, _, fine_tunes_missing = sweep.finish(fine_tunes, fine_tune_args)
     results = {
         "settings": sweep.settings(
             ["experiments.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
@@ -335,8 +347,8 @@ def main() -> None:
             extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only, models=args.models,
             sized_as_defaults=args.sized_as_defaults,
-            pi_steps=args.pi_steps, pi_factors=pi_factors(args), sets=list(args.set),
-            missing=missing + pi_missing,
+            pi_steps=args.pi_steps, pi_factors=pi_factors(args), fine_tune=list(args.fine_tune),
+            sets=list(args.set), missing=missing + fine_tunes_missing,
         ),
         "runs": [
             {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": bpc}
@@ -344,10 +356,9 @@ def main() -> None:
             for label, bpc in score(run, labels_of(scheme), args.lengths, args).items()
         ] + [
             {"scheme": "rope", "variant": "defaults", "seed": seed, "label": label, "bpc": bpc}
-            for (factor, seed), run in pi_runs.items()
-            for label, bpc in score(
-                run, ((PI_LABEL, None),), [args.train_len * factor], args
-            ).items()
+            for (kind, factor, seed), run in fine_tunes.items()
+            for label, lengths in fine_tuned_rows(kind, factor, args)
+            for label, bpc in score(run, ((label, None),), lengths, args).items()
         ],
     }  # fmt: skip
     sweep.publish(args.out, "extrapolation", results, render, plot)

@@ -82,8 +82,12 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        exit_with(f"flags: {message}; check the spelling against configs/base.py")
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        reasons = [line.strip() for line in lines[1:] if "Error: " in line]
+        if lines[0].endswith("Error whilst parsing config file:") and reasons:  # the file's own
+            flag, reason = lines[0].split(": Error whilst")[0], reasons[-1].split("Error: ", 1)[1]
+            exit_with(f"{flag}: {reason}")
+        exit_with(f"flags: {lines[0]}; check the spelling against configs/base.py")
 
 
 def config():

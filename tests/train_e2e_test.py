@@ -96,6 +96,17 @@ def test_cli_errors_are_one_line(tmp_path, flag, names):
 
 
 @pytest.mark.slow
+def test_a_config_files_own_error_is_the_one_line(tmp_path):
+    """A config file that refuses its argument (``rope_pi.py:<factor>,<extension>``): its reason,
+    not absl's "Error whilst parsing config file"."""
+    result = run_cli("train.py", "--config", "configs/rope_pi.py:4,pi", "--workdir", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "kind='pi' is not a RoPE stretch; use one of" in errors[0], errors
+    assert "configs/rope_pi.py:4,pi" in errors[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
 def test_eval_cli_without_checkpoint(tmp_path):
     result = run_cli("eval.py", "--config", "configs/txl_small.py", "--workdir", str(tmp_path))
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr

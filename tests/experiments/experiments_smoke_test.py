@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from experiments import ablation, extrapolation, extrapolation_tables, probes, recl_tables, sweep
@@ -73,15 +72,17 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
         (f"rope+{kind}", "defaults")
         for kind in (*extrapolation.ROPE_EXTENSIONS, "linear, fine-tuned")
-    }
+    } | {(extrapolation.past_label("linear"), "defaults")}  # the 2× fine-tune scored at 4×
     lengths = {
         (r["label"], r["seed"], *(tuple(sorted(v)) for v in r["bpc"].values()))
         for r in results["runs"]
-        if r["label"] != extrapolation.PI_LABEL
+        if "fine-tuned" not in r["label"]
     }
     assert {n[2:] for n in lengths} == {(("16", "32", "8"), ("8",))}
     fine_tuned = [r["bpc"] for r in results["runs"] if r["label"] == extrapolation.PI_LABEL]
     assert [set(b["non-overlapping"]) for b in fine_tuned] == [{"16"}, {"32"}]  # 2×, then 4×
+    past = [r["bpc"] for r in results["runs"] if r["label"] == extrapolation.past_label("linear")]
+    assert [set(b["non-overlapping"]) for b in past] == [{"32"}]  # the 2× fine-tune at 4×
     assert (tmp_path / "runs" / "rope_pi4_len8_seed0" / "eval.json").exists()
     assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation_tables.render(
         results
@@ -219,28 +220,6 @@ def test_the_committed_leaderboard_and_papers_are_gathered_from_the_committed_js
     assert papers.render(papers.gather(ROOT / folder)) == (ROOT / folder / "papers.md").read_text()
 
 
-def _yarn_shares(dim: int, train_len: int, betas: dict) -> tuple[float, float]:
-    """The shares of a head's frequency pairs YaRN keeps and interpolates fully (factor 4)."""
-    from relpos_jax.positions.rope import rope_inv_freq
-
-    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": train_len}
-    stretched, _ = rope_inv_freq(dim, 10000.0, scaling | betas)
-    original, _ = rope_inv_freq(dim, 10000.0, None)
-    ratio = np.asarray(stretched) / np.asarray(original)
-    return float(np.mean(np.isclose(ratio, 1.0))), float(np.mean(np.isclose(ratio, 0.25)))
-
-
-def test_yarn_betas_keep_llamas_shares_of_the_head_at_this_trained_length():
-    assert extrapolation.yarn_betas(4096) == {"beta_fast": 32.0, "beta_slow": 1.0}  # the defaults
-    llama = _yarn_shares(128, 4096, {})  # head dim 128, L₀ 4,096: what β = 32, 1 were chosen for
-    here = _yarn_shares(32, 128, extrapolation.yarn_betas(128))
-    unscaled = _yarn_shares(32, 128, {})
-    assert all(abs(a - b) <= 1 / 16 for a, b in zip(here, llama, strict=True)), (here, llama)
-    assert unscaled[0] <= 1 / 16 < 0.25 < llama[0]  # the defaults keep one pair of 16 at 128
-    scaling = extrapolation.rope_scaling("yarn", 4, 128)
-    assert scaling["beta_fast"] == 1.0 and scaling["beta_slow"] == 1 / 32
-
-
 def test_the_probe_table_leads_with_the_seeds_that_solve_it_at_trained_distances():
     assert probes.trained_distances("probe:needle:8-48") == [8, 16, 24, 32, 40, 48]
     assert probes.trained_distances("probe:passkey:100") == [100]
@@ -285,6 +264,36 @@ def test_extrapolation_from_the_ablation_scores_the_ablations_own_runs_without_m
     assert sorted(runs) == sorted((s, "defaults", seed) for s, _, seed in trained)
     for (scheme, _, seed), run in trained.items():
         assert runs[scheme, "defaults", seed].commands() == run.commands()
+
+
+def test_each_extension_is_fine_tuned_from_each_seeds_rope_run_with_its_own_scaling():
+    import argparse
+
+    from relpos_jax.config import load_config
+
+    args = argparse.Namespace(
+        schemes=["rope"], seeds=[0], runs="runs/x", steps=1000, set=["data.segment_len=64"],
+        models="ablation", pi_steps=100, variants=["defaults"], factors=[1, 2, 4, 8],
+        extensions_up_to=4, fine_tune=("linear", "yarn"), train_len=64,
+    )  # fmt: skip
+    fine_tunes = extrapolation.fine_tune_runs_of(args, extrapolation.runs_of(args))
+    assert {key: run.name for key, run in fine_tunes.items()} == {
+        ("linear", 2, 0): "rope_pi2_len64_seed0", ("linear", 4, 0): "rope_pi4_len64_seed0",
+        ("yarn", 2, 0): "rope_yarn2_len64_seed0", ("yarn", 4, 0): "rope_yarn4_len64_seed0",
+    }  # fmt: skip
+    yarn = fine_tunes["yarn", 4, 0]
+    config = load_config(ROOT / yarn.config, list(yarn.settings))
+    assert dict(config.model.rope_scaling) == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 0.5, "beta_slow": 1 / 64,
+    }  # fmt: skip
+    assert config.data.segment_len == 256 and "train.init_from=runs/x/rope_mem0_seed0" in str(
+        yarn.settings
+    )
+    assert extrapolation.fine_tuned_rows("yarn", 2, args) == [
+        ("rope+yarn, fine-tuned", [128]), ("rope+yarn, fine-tuned, at 2× its length", [256])
+    ]  # fmt: skip
+    assert extrapolation.fine_tuned_rows("yarn", 8, args) == [("rope+yarn, fine-tuned", [512])]
 
 
 def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_path):
