@@ -147,6 +147,22 @@ def extrapolation_order(longer: tuple[str, int], shorter: tuple[str, int], chang
     return judge
 
 
+def below_each(first: tuple[str, int], others: list[tuple[str, int]]):
+    """``first``'s bpc below each of ``others``' (label, factor each, ``extrapolation_order``):
+    agrees where every pair agrees, disagrees where one disagrees, else the first pair's verdict
+    that is neither."""
+
+    def judge(results: dict, contains) -> Verdict:
+        verdicts = [extrapolation_order(first, other)(results, contains) for other in others]
+        ours = "; ".join(dict.fromkeys(v.ours for v in verdicts))  # "not measured" once
+        for outcome in ("disagrees", "not comparable", "not resolved"):
+            if found := [v for v in verdicts if v.verdict == outcome]:
+                return Verdict(outcome, ours, found[0].why)
+        return Verdict("agrees", ours, "; ".join(filter(None, (v.why for v in verdicts))))
+
+    return judge
+
+
 def init_best_gain(scheme: str, memory: bool, *, gains: bool):
     """Whether a longer evaluation context than the trained one helps (``gains``) or does not help
     the ablation's (scheme, memory) runs: each seed's best − init interval in ``init_best.json``
@@ -225,7 +241,3 @@ def recl_order(results: dict, contains) -> Verdict:
     if any(sign < 0 for *_, sign in pairs):
         return Verdict("disagrees", shown, why)
     return Verdict("agrees" if all(sign > 0 for *_, sign in pairs) else "not resolved", shown, why)
-
-
-def untested(why: str):
-    return lambda results, contains: Verdict("not comparable", "not measured", why)

@@ -86,6 +86,29 @@ def test_position_interpolation_is_judged_by_its_fine_tune_against_rope_at_its_l
     assert verdict.verdict == "agrees" and "rope+linear, fine-tuned at 4×" in verdict.ours
 
 
+def test_yarn_past_its_fine_tuned_length_must_be_below_pi_and_ntk_both():
+    from experiments.extrapolation import past_label
+
+    claim = (
+        "past the length it was fine-tuned at, YaRN degrades least: below PI and NTK-aware "
+        "(here at twice it)"
+    )
+    yarn, pi, ntk = (past_label(kind) for kind in ("yarn", "linear", "ntk"))
+    spread = lambda m: [m, m + 0.01, m + 0.02]  # noqa: E731
+    below_both = {yarn: {4: spread(2.0)}, pi: {4: spread(2.5)}, ntk: {4: spread(2.3)}}
+    above_ntk = {yarn: {4: spread(2.0)}, pi: {4: spread(2.5)}, ntk: {4: spread(1.8)}}
+    level_with_ntk = {yarn: {4: spread(2.0)}, pi: {4: spread(2.5)}, ntk: {4: spread(2.01)}}
+    judged = [
+        _verdicts({"extrapolation.json": _extrapolation(scores)})[claim]
+        for scores in (below_both, above_ntk, level_with_ntk)
+    ]
+    assert [v.verdict for v in judged] == ["agrees", "disagrees", "not resolved"]
+    assert f"{yarn} at 4×" in judged[0].ours and f"{ntk} at 4×" in judged[0].ours
+    assert judged[2].why == "within twice the larger seed spread"
+    missing = _verdicts({"extrapolation.json": _extrapolation({yarn: {4: spread(2.0)}})})[claim]
+    assert missing.verdict == "not comparable"
+
+
 def _recl(intervals: dict[tuple[str, bool], list[tuple[int, int]]], protocol: int = 3) -> dict:
     """A recl.json: each (scheme, memory)'s interval at r = 0.1 in each seed's group."""
     runs = [
