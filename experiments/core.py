@@ -10,8 +10,8 @@ In order, each a sweep of its own that resumes where it stopped:
    scale: 4 layers, d_model 128, segment 64), and the sinusoid without memory on half loss (the
    paper's absolute encoding), ``--steps`` steps, ``--seeds``;
 2. ``experiments.extrapolation --models ablation``: the runs without memory of step 1 at 1×–512× their
-   length (64 to 32,768), non-overlapping and in sliding windows, and RoPE's position-interpolation
-   fine-tunes at 2×–8× (a tenth of ``--steps`` each);
+   length (64 to 32,768), non-overlapping and in sliding windows, and RoPE fine-tuned at 2×–8× by
+   position interpolation, NTK-aware and YaRN (a tenth of ``--steps`` each);
 3. ``experiments.recl --ablation``: RECL of Dai et al.'s group (TXL, Shaw, TXL without recurrence,
    vanilla) from the runs of step 1;
 4. ``experiments.init_best``: Table 6's init and best evaluation context of every run of step 1;
@@ -43,6 +43,7 @@ TRAINING = (
     "experiments.probes",
 )  # the sweeps that train
 FACTORS = "1,2,4,8,16,32,64,128,256,512"  # of segment 64: up to 32,768, both protocols
+FINE_TUNED = ("linear", "ntk", "yarn")  # RoPE's extensions fine-tuned at 2×–8× (YaRN's Table 1)
 
 
 def commands(args) -> list[list[str]]:
@@ -53,7 +54,8 @@ def commands(args) -> list[list[str]]:
     return [
         ["experiments.ablation", "--mem-len", str(MEMORY), "--half-loss", HALF_LOSS, *common],
         ["experiments.extrapolation", "--models", "ablation", "--factors", FACTORS,
-         "--sliding-up-to", str(64 * 512), "--pi-steps", str(args.steps // 10), *common],
+         "--sliding-up-to", str(64 * 512), "--pi-steps", str(args.steps // 10),
+         "--fine-tune", ",".join(FINE_TUNED), *common],
         ["experiments.recl", "--ablation", "--mem-len", str(MEMORY), "--seeds", seeds, *runs, *sets,
          *out],
         ["experiments.init_best", "--mem-len", str(MEMORY), "--half-loss", HALF_LOSS, *common],

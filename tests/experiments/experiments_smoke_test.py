@@ -309,7 +309,8 @@ def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_
     )
     workdirs = [line.split("--workdir ")[1].split()[0] for line in lines]
     assert "runs/x/txl_mem64_seed0" in workdirs and "runs/x/txl_mem0_seed0" in workdirs
-    assert workdirs.index("runs/x/rope_mem0_seed0") < workdirs.index("runs/x/rope_pi2_len64_seed0")
+    for fine_tune in ("rope_pi2_len64_seed0", "rope_ntk2_len64_seed0", "rope_yarn8_len64_seed0"):
+        assert workdirs.index("runs/x/rope_mem0_seed0") < workdirs.index(f"runs/x/{fine_tune}")
     assert any(w.startswith("runs/x/probes/probe_needle_txl_memory") for w in workdirs)
     assert all("--config.train.steps=4000" in line for line in lines if "probe" not in line
                and "_pi" not in line)  # fmt: skip
