@@ -20,9 +20,11 @@ from ``ablation_windows.npz``; ``compare.Compare``):
 - best context: ``experiments.init_best`` (``init_best.json``), the evaluation context c (memory, or
   window before the segment) of each run's lowest bpc: Table 6's "best" (its "init" is the trained
   memory, 64 or 0);
-- needle accuracy: ``experiments.probes`` (``probe_needle.json``), mean over the distances the probe
-  trains on (over every distance scored, for a JSON that predates that record); the rows with
-  memory from its ``memory`` condition, those without from ``in_segment``.
+- needle solved: ``experiments.probes`` (``probe_needle.json``), the seeds whose accuracy averaged
+  over the distances the probe trains on (every distance scored, for a JSON that predates that
+  record) reaches ``probes.SOLVED``, of the seeds run: the lookup is learnt or not, so a mean over
+  seeds would mix the two; the rows with memory from its ``memory`` condition, those without from
+  ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
 reads "not measured"; learned absolute positions read "n/a" there (the extrapolation sweep
@@ -45,9 +47,10 @@ NOT_MEASURED = "not measured"
 NOT_APPLICABLE = "n/a"
 NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
 FACTORS = (1, 4, 16)  # the extrapolation columns: bpc at these multiples of the trained length
+NEEDLE = "needle solved"  # seeds that solve the needle probe, of those run
 COLUMNS = (
     "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "best context",
-    "needle accuracy",
+    NEEDLE,
 )  # fmt: skip
 
 
@@ -95,10 +98,8 @@ def _needle(results: dict, cells: dict) -> None:
     for run in results["runs"]:
         trained = probes.trained_accuracy(results["settings"], run.get("curve", ()))
         if run["condition"] in rows and trained:
-            accuracy = statistics.mean(trained)
-            cells.setdefault((run["scheme"], rows[run["condition"]], "needle accuracy"), []).append(
-                accuracy
-            )
+            solved = float(statistics.mean(trained) >= probes.SOLVED)
+            cells.setdefault((run["scheme"], rows[run["condition"]], NEEDLE), []).append(solved)
 
 
 SOURCES = {  # file: (what it fills, the column it feeds)
@@ -106,7 +107,7 @@ SOURCES = {  # file: (what it fills, the column it feeds)
     "extrapolation.json": (_extrapolation, "bpc at 1×, 4×, 16×"),
     "recl.json": (_recl, "RECL"),
     "init_best.json": (_init_best, "best context"),
-    "probe_needle.json": (_needle, "needle accuracy"),
+    "probe_needle.json": (_needle, NEEDLE),
 }
 WINDOWS_SOURCES = {"ablation.json": _ablation_windows}  # the columns whose runs keep windows
 
@@ -141,6 +142,8 @@ def _cell(
     ``longest`` (the longest context RECL or init/best measured: a lower bound)."""
     if not values:
         return NOT_MEASURED
+    if key is not None and key[2] == NEEDLE:  # seeds that solve it: 1 each, else 0
+        return f"{int(sum(values))} of {len(values)}"
     bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
     text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
     return f"{bound}{text} ({len(values)})"
@@ -156,7 +159,7 @@ def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
 
 
 def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -> str:
-    digits = {"RECL (r = 0.1)": 0, "best context": 0, "needle accuracy": 3}
+    digits = {"RECL (r = 0.1)": 0, "best context": 0}
     longest = {  # the longest context measured: a value there is a lower bound
         column: contexts[-1]
         for column, name in (("RECL (r = 0.1)", "recl.json"), ("best context", "init_best.json"))
@@ -171,7 +174,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "",
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
-        "and accuracy. Bpc at 1×, 4× and 16× the training length is measured on models trained "
+        "too; needle solved: the seeds that solve the needle probe, of those run. Bpc at 1×, 4× and 16× the training length is measured on models trained "
         "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
         "split). Best context: the evaluation context c (memory, or window before the segment) "
         "where a run scores best, the trained one being its memory. The settings of each measure "

@@ -35,8 +35,9 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     (tmp_path / "recl.json").write_text(json.dumps(old))
     _write(tmp_path / "probe_needle.json", "python -m experiments.probes", [
         {"scheme": "alibi", "condition": c, "seed": s,
-         "curve": [{"distance": 8, "byte_accuracy": a}, {"distance": 32, "byte_accuracy": 0.1}]}
-        for c, a in (("memory", 0.3), ("in_segment", 0.9), ("no_memory", 0.0)) for s in range(2)
+         "curve": [{"distance": 8, "byte_accuracy": a}, {"distance": 32, "byte_accuracy": b}]}
+        for c, a, b in (("memory", 0.3, 0.1), ("in_segment", 0.9, 0.96), ("no_memory", 0.0, 0.1))
+        for s in range(2)
     ])  # fmt: skip
     table = leaderboard.render(*leaderboard.gather(tmp_path))
     assert _row(table, "txl", "yes")[0] == "2.0100 ± 0.0100 (3)"
@@ -45,8 +46,8 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     # the sized variant (tables within the trained distances) where the sweep has it
     assert _row(table, "t5", "no")[2:4] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
     assert _row(table, "rope", "no")[2] == "4.0000 ± 0.0000 (1)"  # not its extensions
-    assert _row(table, "alibi", "yes")[6] == "0.200 ± 0.000 (2)"  # mean over distances
-    assert _row(table, "alibi", "no")[6] == "0.500 ± 0.000 (2)"  # in segment
+    assert _row(table, "alibi", "yes")[6] == "0 of 2"  # 0.2 over the distances: not solved
+    assert _row(table, "alibi", "no")[6] == "2 of 2"  # in segment: 0.93
     assert _row(table, "txl", "yes")[4] == leaderboard.NOT_MEASURED  # recl.json: old format
     assert "| none |" not in table  # no sweep ran it: no row
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
@@ -104,15 +105,21 @@ def test_a_variant_of_a_scheme_has_a_row_only_where_it_was_measured(tmp_path):
     assert "| sinusoid | yes |" in table  # a scheme's rows: both, "not measured" where missing
 
 
-def test_the_needle_column_averages_only_the_trained_distances():
+def test_the_needle_column_counts_the_seeds_that_solve_it_at_the_trained_distances():
     curve = [{"distance": 8, "byte_accuracy": 1.0}, {"distance": 64, "byte_accuracy": 0.1}]
     run = {"scheme": "txl", "condition": "memory", "seed": 0, "curve": curve}
     cells: dict = {}
     leaderboard._needle({"settings": {"trained": [8, 48]}, "runs": [run]}, cells)
-    assert cells == {("txl", True, "needle accuracy"): [1.0]}
+    assert cells == {("txl", True, leaderboard.NEEDLE): [1.0]}  # solved: 1.0 at 8
     cells = {}
     leaderboard._needle({"settings": {}, "runs": [run]}, cells)  # before the range was recorded
-    assert cells == {("txl", True, "needle accuracy"): [0.55]}
+    assert cells == {("txl", True, leaderboard.NEEDLE): [0.0]}  # 0.55 over 8 and 64: not solved
+    chance = {**run, "seed": 1, "curve": [{"distance": 8, "byte_accuracy": 0.1}]}
+    probe = {"settings": {"trained": [8, 48]}, "runs": [run, chance]}
+    cells = {}
+    leaderboard._needle(probe, cells)
+    key = ("txl", True, leaderboard.NEEDLE)
+    assert leaderboard._cell(cells[key], 4, key=key) == "1 of 2"
 
 
 def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
