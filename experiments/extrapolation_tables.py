@@ -40,6 +40,23 @@ def _extension_settings(s: dict) -> str:
     )
 
 
+def _fine_tune_settings(s: dict) -> str:
+    """What the fine-tuned rows are, as recorded (PI alone in sweeps from before ``fine_tune``)."""
+    if not s.get("pi_steps") or not s.get("pi_factors"):
+        return ""
+    kinds = ", ".join(s.get("fine_tune", ["linear"]))
+    factors = ", ".join(f"{f}×" for f in s["pi_factors"])
+    past = (  # scored past their length since the sweep took --fine-tune
+        '; "at 2× its length": the same models at twice the length they were fine-tuned at'
+        if "fine_tune" in s
+        else ""
+    )
+    return (
+        f" rope+X, fine-tuned: each seed's RoPE run fine-tuned {s['pi_steps']} steps at {factors} "
+        f"its length with X ({kinds}; `configs/rope_pi.py`), scored at that length{past}."
+    )
+
+
 def render(results: dict) -> str:
     s, series = results["settings"], _series(results)
     up_to = s.get("sliding_up_to") or max(s["lengths"])
@@ -52,7 +69,7 @@ def render(results: dict) -> str:
         f"scored with no memory on {_scored(s['tokens'])}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
         "RoPE's extension X applied at evaluation, factor L / train length"
-        f"{_extension_settings(s)}. Test bpc, mean ± sd over the seeds.",
+        f"{_extension_settings(s)}.{_fine_tune_settings(s)} Test bpc, mean ± sd over the seeds.",
     ]
     stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
     for protocol in PROTOCOLS:
