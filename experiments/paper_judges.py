@@ -149,8 +149,8 @@ def extrapolation_order(longer: tuple[str, int], shorter: tuple[str, int], chang
 
 def below_each(first: tuple[str, int], others: list[tuple[str, int]]):
     """``first``'s bpc below each of ``others``' (label, factor each, ``extrapolation_order``):
-    agrees where every pair agrees, disagrees where one disagrees, else the first pair's verdict
-    that is neither."""
+    agrees where every pair agrees; else disagrees where a pair does, not comparable where a pair
+    is, and not resolved otherwise."""
 
     def judge(results: dict, contains) -> Verdict:
         verdicts = [extrapolation_order(first, other)(results, contains) for other in others]
