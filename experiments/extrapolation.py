@@ -162,12 +162,19 @@ def fine_tune_runs_of(args, runs: dict) -> dict[tuple[str, int, int], sweep.Run]
     """Each seed's fine-tune of its RoPE run (``runs``) by each ``--fine-tune`` extension at each
     ``pi_factors`` factor, by (extension, factor, seed): segments factor × longer with factor ×
     fewer rows (the same tokens a step), ``configs/rope_pi.py``'s gentle learning rate."""
+    factors = pi_factors(args)
+    if not factors:  # no RoPE run to start from, or --pi-steps 0
+        return {}
+    bases = {seed: runs["rope", "defaults", seed] for seed in args.seeds}
+    batches = {  # each base run's rows, read once
+        seed: load_config(ROOT / base.config, list(base.settings)).data.batch_size
+        for seed, base in bases.items()
+    }
     fine_tunes = {}
     for kind in args.fine_tune:
-        for factor in pi_factors(args):
-            for seed in args.seeds:
-                base = runs["rope", "defaults", seed]
-                batch = load_config(ROOT / base.config, list(base.settings)).data.batch_size
+        for factor in factors:
+            for seed, base in bases.items():
+                batch = batches[seed]
                 name = fine_tune_name(kind, factor, args.train_len, seed)
                 settings = (
                     *args.set, f"train.steps={args.pi_steps}", f"train.seed={seed}",

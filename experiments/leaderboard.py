@@ -35,7 +35,6 @@ hand. Each column's command, commit and date follow the table.
 from __future__ import annotations
 
 import pathlib
-import statistics
 
 from bench import args as options
 from experiments import probes, sweep
@@ -98,7 +97,7 @@ def _needle(results: dict, cells: dict) -> None:
     for run in results["runs"]:
         trained = probes.trained_accuracy(results["settings"], run.get("curve", ()))
         if run["condition"] in rows and trained:
-            solved = float(statistics.mean(trained) >= probes.SOLVED)
+            solved = float(probes.solves(trained))
             cells.setdefault((run["scheme"], rows[run["condition"]], NEEDLE), []).append(solved)
 
 

@@ -136,6 +136,12 @@ def trained_accuracy(settings: dict, curve) -> list[float]:
     return [point["byte_accuracy"] for point in curve if low <= point["distance"] <= high]
 
 
+def solves(trained: list[float]) -> bool:
+    """Whether a seed's accuracies at the trained distances (``trained_accuracy``) average at least
+    ``SOLVED``: it has learnt the lookup."""
+    return bool(trained) and sum(trained) / len(trained) >= SOLVED
+
+
 def solved_by(results: dict, field: str = "curve") -> dict[tuple[str, str], tuple[int, int]]:
     """(seeds whose accuracy averaged over the trained distances reaches ``SOLVED``, seeds) of
     each (scheme, condition)."""
@@ -143,8 +149,7 @@ def solved_by(results: dict, field: str = "curve") -> dict[tuple[str, str], tupl
     for run in results["runs"]:
         if field not in run:
             continue
-        trained = trained_accuracy(results["settings"], run[field])
-        solved = bool(trained) and sum(trained) / len(trained) >= SOLVED
+        solved = solves(trained_accuracy(results["settings"], run[field]))
         done, seeds = counts.get((run["scheme"], run["condition"]), (0, 0))
         counts[run["scheme"], run["condition"]] = (done + solved, seeds + 1)
     return counts
