@@ -63,9 +63,13 @@ def windows_of(workdir: pathlib.Path, split: str = "test", at_most: int = WINDOW
     from relpos_jax.evaluate import load_windows
 
     found = load_windows(workdir, split)
-    if found is None:
-        return None
-    scores = bootstrap.Scores(found["bits"], found["tokens"], found["layout"])
+    return None if found is None else in_blocks(found, at_most)
+
+
+def in_blocks(windows: dict, at_most: int = WINDOWS_AT_MOST) -> dict:
+    """``windows`` (``{"bits", "tokens", "layout"}``) with consecutive ones summed into at most
+    ``at_most`` blocks."""
+    scores = bootstrap.Scores(windows["bits"], windows["tokens"], windows["layout"])
     scores = scores.blocks(math.ceil(scores.windows / at_most))
     return {
         "bits": scores.bits[0],
@@ -159,7 +163,7 @@ class Compare:
         first = next(iter(self.scores.values()))
         return (
             f"the mean over the seeds [its {bootstrap.LEVEL:.0%} bootstrap interval: the seeds, "
-            f"then the split's {first.windows:,} windows ({first.layout}), resampled "
+            f"then the {first.windows:,} windows ({first.layout}), resampled "
             f"{bootstrap.REPLICATES:,} times]"
         )
 

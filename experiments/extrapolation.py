@@ -15,8 +15,9 @@ default partition) at lengths L = train-len × factor, with no memory, two ways:
   stride tokens, so that every token sees at least L − stride tokens of context; only up to
   ``--sliding-up-to`` (it costs twice a non-overlapping pass).
 
-Each length's bpc is kept in the run's folder as soon as it is measured: a stopped sweep goes on
-from there, a sweep run again with more ``--factors`` scores only the new lengths, and
+Each length's bpc and evaluation windows are kept in the run's folder as soon as they are measured
+(``experiments.extrapolation_scoring``): a stopped sweep goes on from there, a sweep run again with
+more ``--factors`` scores only the new lengths (and lengths scored before windows were kept), and
 ``--scored-only`` tabulates what has been scored so far (the table marks the cells still missing).
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
@@ -47,33 +48,33 @@ way (YaRN's Table 1 fine-tunes PI, NTK and YaRN alike), each scored at its lengt
 from their RoPE run, so ``--dry-run`` lists them after it: a scheduler must run them once it has
 finished.
 
-Writes ``extrapolation.json`` (settings, every seed's bpc) and renders ``extrapolation.md`` (mean ±
-sd over seeds) and ``extrapolation.png`` from it (``experiments.extrapolation_tables``).
+Writes ``extrapolation.json`` (settings, every seed's bpc; its windows, in blocks, in
+``extrapolation_windows.npz``) and renders ``extrapolation.md`` (the mean over seeds and its
+bootstrap interval where every seed kept windows, else mean ± sd) and ``extrapolation.png`` from it
+(``experiments.extrapolation_tables``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import pathlib
 import sys
-import time
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import sweep
+from experiments import compare, sweep
 from experiments.common import (
     EXTRAPOLATION_SCHEMES,
     config_file,
     config_for,
     extrapolation_run_name,
 )
-from experiments.extrapolation_tables import PROTOCOLS, plot, render
+from experiments.extrapolation_scoring import labels_of, score
+from experiments.extrapolation_tables import plot, render
 from relpos_jax.config import load_config
-from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
+from relpos_jax.positions.rope_stretch import yarn_betas
 
-ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
+WINDOWS_AT_MOST = 256  # blocks a cell's windows are summed into for the sweep's JSON
 FINE_TUNABLE = ("linear", "ntk", "yarn", "llama3")  # dynamic NTK's factor follows the length
 
 
@@ -201,90 +202,15 @@ def fine_tuned_rows(kind: str, factor: int, args) -> list[tuple[str, list[int]]]
     return rows + ([(past_label(kind), [2 * length])] if 2 * factor in args.factors else [])
 
 
-def measure(model, stream, length: int, protocols, args) -> dict[str, float]:
-    """Test bpc at evaluation length ``length`` under each of ``protocols``."""
-    from relpos_jax.evaluate import evaluate, evaluate_sliding
-
-    batch = max(1, args.batch_tokens // length)
-    stride = min(args.stride or max(1, length // 2), length)
-    tokens = args.tokens or None  # 0: the whole split
-    scorers = {
-        "non-overlapping": lambda: evaluate(
-            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=tokens
-        ),
-        "sliding": lambda: evaluate_sliding(
-            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=tokens
-        ),
+def _row(scheme: str, variant: str, seed: int, label: str, scored) -> dict:
+    """A row of the sweep's JSON: one run's label, its bpc and its windows (in blocks), by protocol
+    and length."""
+    windows = {
+        protocol: {n: compare.in_blocks(w, WINDOWS_AT_MOST) for n, w in by_length.items()}
+        for protocol, by_length in scored.windows.items()
     }
-    return {protocol: scorers[protocol]()["bpc"] for protocol in protocols}
-
-
-def protocols_at(length: int, args) -> tuple[str, ...]:
-    """The protocols scored at ``length``: sliding windows only up to ``--sliding-up-to``."""
-    return PROTOCOLS if length <= args.sliding_up_to else PROTOCOLS[:1]
-
-
-def labels_of(scheme: str) -> tuple[tuple[str, str | None], ...]:
-    """``(label, RoPE extension)`` of the rows one run gives: its scheme, and for RoPE each
-    extension applied at evaluation."""
-    extensions = ROPE_EXTENSIONS if scheme == "rope" else ()
-    return ((scheme, None), *((f"rope+{kind}", kind) for kind in extensions))
-
-
-def score(
-    run: sweep.Run, labels, lengths: list[int], args
-) -> dict[str, dict[str, dict[str, float]]]:
-    """{label: {protocol: {L: bpc}}} of one run at ``lengths`` for each ``(label, RoPE
-    extension)`` of ``labels`` (``labels_of``: its scheme, and RoPE's extensions; the first, its
-    own). Each length's bpc is kept in the run's ``extrapolation.json`` as soon as it is
-    measured (for these tokens and stride), so a stopped sweep goes on from the next length."""
-    from relpos_jax import data
-    from relpos_jax.evaluate import restore_model, with_config
-
-    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
-    cache = run.workdir / "extrapolation.json"
-    stored = json.loads(cache.read_text()) if cache.exists() else {}
-    bpc: dict = stored["bpc"] if stored.get("key") == key else {}
-    model = None
-    for label, kind in labels:
-        rows = bpc.setdefault(label, {p: {} for p in PROTOCOLS})
-        for length in lengths:
-            if kind is not None and length > args.train_len * args.extensions_up_to:
-                continue  # beyond the factors the extensions are published for
-            todo = [p for p in protocols_at(length, args) if str(length) not in rows[p]]
-            scaling = None if kind is None else stretched(kind, length / args.train_len,
-                                                          args.train_len)  # fmt: skip
-            if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
-                for protocol in todo:
-                    if str(length) in bpc[labels[0][0]][protocol]:
-                        rows[protocol][str(length)] = bpc[labels[0][0]][protocol][str(length)]
-                todo = []
-            if not todo or args.scored_only:
-                continue
-            if model is None:
-                config = load_config(ROOT / run.config, list(run.settings))
-                model, cfg, _ = restore_model(config, run.workdir)
-                stream = data.open_data(cfg.data, "test")
-            impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
-            model_config = dataclasses.replace(
-                cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
-            )
-            start = time.perf_counter()
-            measured = measure(with_config(model, model_config), stream, length, todo, args)
-            seconds = time.perf_counter() - start
-            for protocol, value in measured.items():
-                rows[protocol][str(length)] = value
-            cache.write_text(json.dumps({"key": key, "bpc": bpc}, indent=1) + "\n")
-            values = " / ".join(f"{p} {v:.4f}" for p, v in measured.items())
-            print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
-    wanted = {str(n) for n in lengths}
-    keep = lambda by_length: {n: v for n, v in by_length.items() if n in wanted}  # noqa: E731
-    asked = {label for label, _ in labels}
-    return {
-        label: {p: keep(v) for p, v in rows.items()}
-        for label, rows in bpc.items()
-        if label in asked
-    }
+    return {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": scored.bpc,
+            "bpc_windows": windows}  # fmt: skip
 
 
 def main() -> None:
@@ -358,14 +284,14 @@ def main() -> None:
             sets=list(args.set), missing=missing + fine_tunes_missing,
         ),
         "runs": [
-            {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": bpc}
+            _row(scheme, variant, seed, label, scored)
             for (scheme, variant, seed), run in runs.items()
-            for label, bpc in score(run, labels_of(scheme), args.lengths, args).items()
+            for label, scored in score(run, labels_of(scheme), args.lengths, args).items()
         ] + [
-            {"scheme": "rope", "variant": "defaults", "seed": seed, "label": label, "bpc": bpc}
+            _row("rope", "defaults", seed, label, scored)
             for (kind, factor, seed), run in fine_tunes.items()
             for label, lengths in fine_tuned_rows(kind, factor, args)
-            for label, bpc in score(run, ((label, None),), lengths, args).items()
+            for label, scored in score(run, ((label, None),), lengths, args).items()
         ],
     }  # fmt: skip
     sweep.publish(args.out, "extrapolation", results, render, plot)

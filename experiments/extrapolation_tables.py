@@ -1,6 +1,7 @@
 """Renders ``extrapolation.json``, the results of ``experiments.extrapolation``, into
-``extrapolation.md`` (test bpc against evaluation length, mean ± sd over seeds, a table for each
-protocol, and what holds beyond twice the spread) and ``extrapolation.png``.
+``extrapolation.md`` (test bpc against evaluation length, a table for each protocol: the mean over
+seeds with its bootstrap interval where the runs kept their windows, else ± sd; and what holds
+beyond chance) and ``extrapolation.png``.
 """
 
 from __future__ import annotations
@@ -8,21 +9,28 @@ from __future__ import annotations
 import pathlib
 
 from experiments import compare, sweep
+from relpos_jax.analysis import bootstrap
 
 PROTOCOLS = ("non-overlapping", "sliding")
 
 
-def _series(results: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """{row label: {protocol: {L: [bpc of each seed]}}}; rows: "scheme" or "scheme (sized)"."""
-    series: dict[str, dict[str, dict[str, list[float]]]] = {}
+def _series(results: dict) -> tuple[dict, dict]:
+    """{row label: {protocol: {L: [bpc of each seed]}}} and the same of each seed's windows (None
+    where a run kept none); rows: "scheme" or "scheme (sized)"."""
+    series: dict[str, dict[str, dict[str, list]]] = {}
+    windows: dict[str, dict[str, dict[str, list]]] = {}
     for run in results["runs"]:
         row = run["label"] + ("" if run["variant"] == "defaults" else f" ({run['variant']})")
+        kept = run.get("bpc_windows") or {}
         for protocol, by_length in run["bpc"].items():
             for length, value in by_length.items():
                 series.setdefault(row, {}).setdefault(protocol, {}).setdefault(length, []).append(
                     value
                 )
-    return series
+                windows.setdefault(row, {}).setdefault(protocol, {}).setdefault(length, []).append(
+                    kept.get(protocol, {}).get(length)
+                )
+    return series, windows
 
 
 def _scored(tokens: int) -> str:
@@ -58,7 +66,7 @@ def _fine_tune_settings(s: dict) -> str:
 
 
 def render(results: dict) -> str:
-    s, series = results["settings"], _series(results)
+    s, (series, windows) = results["settings"], _series(results)
     up_to = s.get("sliding_up_to") or max(s["lengths"])
     lines = [
         "# Train short, test long (the ALiBi paper's Table 2, small scale)",
@@ -69,7 +77,7 @@ def render(results: dict) -> str:
         f"scored with no memory on {_scored(s['tokens'])}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
         "RoPE's extension X applied at evaluation, factor L / train length"
-        f"{_extension_settings(s)}.{_fine_tune_settings(s)} Test bpc, mean ± sd over the seeds.",
+        f"{_extension_settings(s)}.{_fine_tune_settings(s)} {_summary_rule()}",
     ]
     stride = "windows moved by L / 2" if s.get("stride") is None else f"stride {s['stride']}"
     for protocol in PROTOCOLS:
@@ -85,10 +93,10 @@ def render(results: dict) -> str:
             "|---|" + "---:|" * len(lengths),
         ]
         for row, by_protocol in series.items():
-            by_length = by_protocol.get(protocol, {})
-            cells = [_cell(by_length.get(n, []), len(s["seeds"])) for n in lengths]
+            by_length, kept = by_protocol.get(protocol, {}), windows[row].get(protocol, {})
+            cells = [_cell(by_length.get(n, []), kept.get(n, []), len(s["seeds"])) for n in lengths]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += _beyond_spread(s, series)
+    lines += _beyond_chance(s, series, windows)
     same = s.get("sized_as_defaults") or []
     if same:
         lines += ["", f"No sized row for {', '.join(same)}: sized to length {s['train_len']}, its "
@@ -115,10 +123,20 @@ def _incomplete(s: dict, series: dict) -> bool:
     )
 
 
-def _beyond_spread(s: dict, series: dict) -> list[str]:
-    """What the non-overlapping scores show beyond twice the larger spread over seeds, from the
-    cells that hold every seed: each row from its training length to the longest length it has,
-    and the ranking at the longest length where every row has them all."""
+def _summary_rule() -> str:
+    return (
+        f"Test bpc: the mean over the seeds [its {bootstrap.LEVEL:.0%} bootstrap interval: the "
+        f"seeds, then the windows scored at that length, resampled {bootstrap.REPLICATES:,} times] "
+        "where every seed kept its windows, else mean ± sd over the seeds."
+    )
+
+
+def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
+    """What the non-overlapping scores show beyond chance, from the cells that hold every seed: each
+    row from its training length to the longest length it has (twice the larger spread over seeds:
+    each length scores other windows, so nothing pairs them), and the ranking at the longest length
+    where every row has them all (``compare.Compare``: paired on that length's windows where every
+    seed kept them)."""
     seeds, train, protocol = len(s["seeds"]), str(s["train_len"]), "non-overlapping"
     complete = {
         row: [n for n in map(str, s["lengths"]) if len(by.get(protocol, {}).get(n, [])) == seeds]
@@ -126,36 +144,51 @@ def _beyond_spread(s: dict, series: dict) -> list[str]:
     }
     scores = lambda row, n: series[row][protocol][n]  # noqa: E731
     mean = lambda row, n: compare.mean_sd(scores(row, n))[0]  # noqa: E731
-    found = []
+    along = []
     for row, lengths in complete.items():
         if train not in lengths or lengths[-1] == train:
             continue
         far = lengths[-1]
         if compare.apart(scores(row, train), scores(row, far)):
             verb = "rises" if mean(row, far) > mean(row, train) else "falls"
-            found.append(f"- {row}: {verb} from {mean(row, train):.3f} at L={train} to "
+            along.append(f"- {row}: {verb} from {mean(row, train):.3f} at L={train} to "
                          f"{mean(row, far):.3f} at L={far}")  # fmt: skip
         else:
-            found.append(f"- {row}: L={train} to L={far} within the spread")
+            along.append(f"- {row}: L={train} to L={far} within the spread")
+    lines = [
+        "",
+        "Each row from its trained length to its longest, beyond twice the larger spread over seeds "
+        "(non-overlapping, cells with every seed):",
+        "",
+        *(along or ["- none"]),
+    ]
     shared = [n for n in map(str, s["lengths"]) if all(n in c for c in complete.values())]
     if shared and len(complete) > 1:
         far = shared[-1]
-        at_far = {row: scores(row, far) for row in complete}
-        order = sorted(at_far, key=lambda row: mean(row, far))
-        for row, after in compare.apart_in_ranking(order, at_far):
-            found.append(f"- at L={far}: {row} lower than {after}, next in the ranking")
-    head = [
-        "",
-        "Beyond twice the larger spread over seeds (non-overlapping, cells with every seed):",
-    ]
-    return [*head, "", *(found or ["- none"])]
+        at_far = compare.Compare(
+            {row: scores(row, far) for row in complete},
+            {row: windows[row][protocol][far] for row in complete},
+        )
+        order = sorted(at_far.values, key=at_far.mean)
+        ranked = [
+            f"- {row} lower than {after}, next in the ranking{at_far.difference_text(row, after, 3)}"
+            for row, after in at_far.in_ranking(order)
+        ]
+        lines += [
+            "",
+            f"The ranking at L={far}, neighbours {at_far.difference_rule} (non-overlapping):",
+            "",
+            *(ranked or ["- none"]),
+        ]
+    return lines
 
 
-def _cell(values: list[float], seeds: int) -> str:
-    """mean ± sd over the seeds measured; how many, where fewer than the sweep's; "–" for none."""
+def _cell(values: list[float], windows: list, seeds: int) -> str:
+    """The mean over the seeds measured, with its bootstrap interval where each kept its windows
+    (else ± sd); how many, where fewer than the sweep's; "–" for none."""
     if not values:
         return "–"
-    text = compare.mean_sd_text(values, 3)
+    text = compare.Compare({0: values}, {0: windows}).cell(0, 3)
     return text if len(values) == seeds else f"{text} ({len(values)} of {seeds} seeds)"
 
 
@@ -163,7 +196,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    s, series = results["settings"], _series(results)
+    s, (series, _) = results["settings"], _series(results)
     colors = colormaps["tab20"].colors
     fig = Figure(figsize=(11, 4), layout="constrained")
     for i, protocol in enumerate(PROTOCOLS):

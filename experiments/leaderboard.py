@@ -6,7 +6,8 @@ Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--ou
 scheme the JSONs measured × memory (a scheme no sweep has run yet, such as one just added, has no
 row: adding a scheme changes no table) and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
 mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
-from ``ablation_windows.npz``; ``compare.Compare``):
+from ``ablation_windows.npz``; bpc at 1×, 4×, 16×, from ``extrapolation_windows.npz``;
+``compare.Compare``):
 
 - test bpc: ``experiments.ablation`` (``ablation.json``), memory as trained;
 - bpc at 1×, 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``),
@@ -65,18 +66,31 @@ def _ablation_windows(results: dict, windows: dict) -> None:
         windows.setdefault(key, []).append(run.get("test_windows"))
 
 
-def _extrapolation(results: dict, cells: dict) -> None:
+def _extrapolated(results: dict, field: str):
+    """(leaderboard key, each seed's non-overlapping ``field`` at 1×, 4×, 16×): ``bpc``, or
+    ``bpc_windows`` (None where a run kept none)."""
     train_len = results["settings"]["train_len"]
     sized = {run["scheme"] for run in results["runs"] if run["variant"] == "sized"}
     for run in results["runs"]:
         wanted = "sized" if run["scheme"] in sized else "defaults"
         if run["variant"] != wanted or run["label"] != run["scheme"]:
             continue  # the other variant, or one of RoPE's extensions
-        by_length = run["bpc"]["non-overlapping"]
         for factor in FACTORS:
-            if str(train_len * factor) in by_length:
-                key = (run["scheme"], False, f"bpc at {factor}×")
-                cells.setdefault(key, []).append(by_length[str(train_len * factor)])
+            length = str(train_len * factor)
+            if length in run["bpc"]["non-overlapping"]:
+                value = (run.get(field) or {}).get("non-overlapping", {}).get(length)
+                yield (run["scheme"], False, f"bpc at {factor}×"), value
+
+
+def _extrapolation(results: dict, cells: dict) -> None:
+    for key, bpc in _extrapolated(results, "bpc"):
+        cells.setdefault(key, []).append(bpc)
+
+
+def _extrapolation_windows(results: dict, windows: dict) -> None:
+    """Each run's windows at 1×, 4×, 16× (None where it kept none), in ``_extrapolation``'s order."""
+    for key, kept in _extrapolated(results, "bpc_windows"):
+        windows.setdefault(key, []).append(kept)
 
 
 def _recl(results: dict, cells: dict) -> None:
@@ -108,7 +122,10 @@ SOURCES = {  # file: (what it fills, the column it feeds)
     "init_best.json": (_init_best, "best context"),
     "probe_needle.json": (_needle, NEEDLE),
 }
-WINDOWS_SOURCES = {"ablation.json": _ablation_windows}  # the columns whose runs keep windows
+WINDOWS_SOURCES = {  # the columns whose runs keep windows
+    "ablation.json": _ablation_windows,
+    "extrapolation.json": _extrapolation_windows,
+}
 
 
 def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict], dict]:

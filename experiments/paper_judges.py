@@ -80,13 +80,15 @@ def _ablation(results: dict, scheme: str, memory: bool, field: str = "test_bpc")
     return [r.get(field) for r in _runs(results, scheme, memory)]
 
 
-def _extrapolated(results: dict, label: str, factor: int) -> list[float]:
+def _extrapolated(results: dict, label: str, factor: int, field: str = "bpc") -> list:
+    """Each seed's non-overlapping ``field`` of ``label`` at ``factor`` × the trained length in the
+    extrapolation sweep (``bpc_windows``: its windows, None where a run kept none)."""
     e = results.get("extrapolation.json")
     if e is None:
         return []
     length = str(e["settings"]["train_len"] * factor)
     return [
-        r["bpc"]["non-overlapping"][length]
+        (r.get(field) or {}).get("non-overlapping", {}).get(length)
         for r in e["runs"]
         if r["label"] == label and r["variant"] == "defaults"
         and length in r["bpc"]["non-overlapping"]
@@ -134,11 +136,15 @@ def table6_order(a: tuple[str, bool], b: tuple[str, bool], *, latter_half: bool 
 
 def extrapolation_order(longer: tuple[str, int], shorter: tuple[str, int], changes=()):
     """``longer``'s bpc below ``shorter``'s (label, factor each), e.g. ALiBi at 4× no worse than
-    at 1×; ``changes``: the implementations the claim depends on (``CHANGES``)."""
+    at 1×, by the paired bootstrap where both were scored on the same windows and kept them (the
+    same length), else the spread rule; ``changes``: the implementations the claim depends on
+    (``CHANGES``)."""
 
     def judge(results: dict, contains) -> Verdict:
         names = (f"{longer[0]} at {longer[1]}×", f"{shorter[0]} at {shorter[1]}×")
-        verdict = order(_extrapolated(results, *longer), _extrapolated(results, *shorter), names)
+        windows = [_extrapolated(results, *side, field="bpc_windows") for side in (longer, shorter)]
+        sides = [_extrapolated(results, *side) for side in (longer, shorter)]
+        verdict = order(*sides, names, windows)
         older, stale = _stale(results, "extrapolation.json", ("partition", *changes), contains)
         if set(older) & set(changes):  # a former implementation: another model than the paper's
             return Verdict("not comparable", verdict.ours, stale)

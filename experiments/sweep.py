@@ -181,22 +181,35 @@ def read(path: pathlib.Path) -> dict:
     in (a run whose file is missing keeps only their description: no windows)."""
     results = json.loads(pathlib.Path(path).read_text())
     files: dict[str, Any] = {}
+
+    def arrays(name: str) -> dict:
+        if name not in files:
+            found = pathlib.Path(path).parent / name
+            files[name] = dict(np.load(found)) if found.is_file() else {}
+        return files[name]
+
     for run in results.get("runs") or []:
         for field, value in run.items():
-            if not (field.endswith(WINDOWS) and isinstance(value, dict) and "key" in value):
-                continue
-            name = value["file"]
-            if name not in files:
-                found = pathlib.Path(path).parent / name
-                files[name] = dict(np.load(found)) if found.is_file() else {}
-            arrays = files[name]
-            if f"{value['key']}.bits" in arrays:
-                run[field] = {
-                    "bits": arrays[f"{value['key']}.bits"],
-                    "tokens": arrays[f"{value['key']}.tokens"],
-                    "layout": value["layout"],
-                }
+            if field.endswith(WINDOWS):
+                run[field] = _restored(value, arrays)
     return results
+
+
+def _restored(value, arrays):
+    """``value`` with each description ``write`` left (``{"file", "key", ...}``, at any depth of
+    nested dicts) replaced by its windows where its file holds them."""
+    if not isinstance(value, dict):
+        return value
+    if "key" in value and "file" in value:
+        found = arrays(value["file"])
+        if f"{value['key']}.bits" not in found:
+            return value
+        return {
+            "bits": found[f"{value['key']}.bits"],
+            "tokens": found[f"{value['key']}.tokens"],
+            "layout": value["layout"],
+        }
+    return {k: _restored(v, arrays) for k, v in value.items()}
 
 
 def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
@@ -240,25 +253,34 @@ def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
 
 def write(path: pathlib.Path, results: dict) -> None:
     """``results`` as JSON at ``path``; its runs' windows (fields ending in ``_windows``, as
-    ``compare.windows_of`` gives them) in ``<name>_windows.npz`` beside it, the JSON naming their
-    file, key, count and layout (``read`` puts them back)."""
+    ``compare.windows_of`` gives them, or dicts of them nested at any depth) in
+    ``<name>_windows.npz`` beside it, the JSON naming their file, key, count and layout (``read``
+    puts them back)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     name, arrays, runs = f"{path.stem}{WINDOWS}.npz", {}, []
     for index, run in enumerate(results.get("runs") or []):
         run = dict(run)
         for field, value in run.items():
-            if field.endswith(WINDOWS) and isinstance(value, dict) and "bits" in value:
-                key = f"{index}.{field}"
-                arrays[f"{key}.bits"] = np.asarray(value["bits"], np.float64)
-                arrays[f"{key}.tokens"] = np.asarray(value["tokens"], np.int64)
-                run[field] = {"file": name, "key": key, "count": len(value["bits"]),
-                              "layout": value["layout"]}  # fmt: skip
+            if field.endswith(WINDOWS):
+                run[field] = _stored(value, f"{index}.{field}", name, arrays)
         runs.append(run)
     if arrays:
         with (path.parent / name).open("wb") as f:
             np.savez_compressed(f, **arrays)
         results = {**results, "runs": runs}
     path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _stored(value, key: str, name: str, arrays: dict):
+    """``value`` with each of its windows (at any depth of nested dicts, keyed ``key.<k>…``) put in
+    ``arrays`` and replaced by its description."""
+    if isinstance(value, dict) and "bits" in value:
+        arrays[f"{key}.bits"] = np.asarray(value["bits"], np.float64)
+        arrays[f"{key}.tokens"] = np.asarray(value["tokens"], np.int64)
+        return {"file": name, "key": key, "count": len(value["bits"]), "layout": value["layout"]}
+    if isinstance(value, dict):
+        return {k: _stored(v, f"{key}.{k}", name, arrays) for k, v in value.items()}
+    return value
 
 
 def publish(out, name: str, results: dict, render, plot=None, png: str | None = None) -> None:

@@ -179,13 +179,17 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
         for label, by in scores.items() for seed in range(3)
     ]  # fmt: skip
     table = extrapolation_tables.render({"settings": settings, "runs": runs})
-    found = table.split("Beyond twice the larger spread")[1].splitlines()
-    assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in found
-    assert "- flat: L=128 to L=2048 within the spread" in found
-    assert "- partial: L=128 to L=512 within the spread" in found  # the longest with every seed
-    assert "- at L=512: partial lower than flat, next in the ranking" in found
-    assert "- at L=512: flat lower than rises, next in the ranking" in found
+    along, ranking = table.split("Each row from its trained length")[1].split("The ranking at")
+    along = along.splitlines()
+    assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in along
+    assert "- flat: L=128 to L=2048 within the spread" in along
+    assert "- partial: L=128 to L=512 within the spread" in along  # the longest with every seed
+    ranking = ranking.splitlines()  # no windows kept: the spread rule
+    assert ranking[0] == " L=512, neighbours beyond twice the larger spread (non-overlapping):"
+    assert "- partial lower than flat, next in the ranking" in ranking
+    assert "- flat lower than rises, next in the ranking" in ranking
     assert "(1 of 3 seeds)" in table and "still to be scored" in table
+    assert "| rises | 2.500 ± 0.010 |" in table
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ def test_the_ablation_gives_intervals_and_paired_differences_where_runs_kept_win
     table = ablation.render(results)
     assert re.fullmatch(rf"\| txl \| 64 \| {INTERVAL} \| 3 \| 27\.02 \|", _row(table, "| txl | 64"))
     assert "mean ± sample sd" not in table and " ± " not in table
-    assert f"then the split's {W} windows ({LAYOUT}), resampled 2,000 times]" in table
+    assert f"then the {W} windows ({LAYOUT}), resampled 2,000 times]" in table
     heading = (
         "Differences whose 95% bootstrap interval, paired on the windows, excludes zero (lower"
     )

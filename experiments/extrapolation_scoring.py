@@ -1,0 +1,197 @@
+"""Scoring one run of ``experiments.extrapolation`` at longer evaluation lengths: its test bpc and
+evaluation windows under each protocol, kept in the run's folder as they are measured.
+
+A run's rows (``labels_of``): its scheme, and for RoPE each length extension applied at evaluation.
+Each (row, protocol, length) cell keeps its bpc in the run's ``extrapolation.json`` and its windows
+(each segment row's, or each sliding window's, summed bits and scored tokens, as
+``relpos_jax.evaluate`` returns them) in ``extrapolation_windows.npz`` beside it, both written whole
+and then renamed into place, the windows first. A stopped sweep goes on from the next cell; a cell
+scored before windows were kept is scored again (``--scored-only`` tabulates it as it is), so that
+every cell of the tables can carry a bootstrap interval, paired across the rows scored on the same
+tokens (``experiments.compare``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from bench.measure import ROOT
+from experiments import sweep
+from experiments.extrapolation_tables import PROTOCOLS
+from relpos_jax.config import load_config
+from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
+
+ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
+CACHE = "extrapolation.json"
+WINDOWS_FILE = "extrapolation_windows.npz"
+
+
+class Scored(NamedTuple):
+    """One row's ``bpc`` and ``windows``, each ``{protocol: {L: …}}`` (windows where kept)."""
+
+    bpc: dict[str, dict[str, float]]
+    windows: dict[str, dict[str, dict]]
+
+
+def measure(model, stream, length: int, protocols, args) -> dict[str, dict]:
+    """``evaluate``'s result (``bpc``, ``windows``, …) at evaluation length ``length`` under each of
+    ``protocols``."""
+    from relpos_jax.evaluate import evaluate, evaluate_sliding
+
+    batch = max(1, args.batch_tokens // length)
+    stride = min(args.stride or max(1, length // 2), length)
+    tokens = args.tokens or None  # 0: the whole split
+    scorers = {
+        "non-overlapping": lambda: evaluate(
+            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=tokens
+        ),
+        "sliding": lambda: evaluate_sliding(
+            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=tokens
+        ),
+    }
+    return {protocol: scorers[protocol]() for protocol in protocols}
+
+
+def protocols_at(length: int, args) -> tuple[str, ...]:
+    """The protocols scored at ``length``: sliding windows only up to ``--sliding-up-to``."""
+    return PROTOCOLS if length <= args.sliding_up_to else PROTOCOLS[:1]
+
+
+def labels_of(scheme: str) -> tuple[tuple[str, str | None], ...]:
+    """``(label, RoPE extension)`` of the rows one run gives: its scheme, and for RoPE each
+    extension applied at evaluation."""
+    extensions = ROPE_EXTENSIONS if scheme == "rope" else ()
+    return ((scheme, None), *((f"rope+{kind}", kind) for kind in extensions))
+
+
+def _array_key(label: str, protocol: str, length: str) -> str:
+    return f"{label}|{protocol}|{length}"
+
+
+class _Cells:
+    """A run's scored cells, ``{label: {protocol: {L: …}}}`` of bpc and of windows, as kept in its
+    folder for these ``key`` settings (tokens, stride, YaRN's β: others start afresh)."""
+
+    def __init__(self, workdir: pathlib.Path, key: dict) -> None:
+        self.workdir, self.key = pathlib.Path(workdir), key
+        path = self.workdir / CACHE
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        same = stored.get("key") == key
+        self.bpc: dict = stored["bpc"] if same else {}
+        self.windows: dict = {}
+        layouts = stored.get("windows", {}) if same else {}
+        found = self.workdir / WINDOWS_FILE
+        arrays = dict(np.load(found)) if layouts and found.is_file() else {}
+        for label, by_protocol in layouts.items():
+            for protocol, by_length in by_protocol.items():
+                for length, layout in by_length.items():
+                    name = _array_key(label, protocol, length)
+                    if f"{name}.bits" in arrays:
+                        self._cell(self.windows, label, protocol)[length] = {
+                            "bits": arrays[f"{name}.bits"],
+                            "tokens": arrays[f"{name}.tokens"],
+                            "layout": layout,
+                        }
+
+    @staticmethod
+    def _cell(table: dict, label: str, protocol: str) -> dict:
+        return table.setdefault(label, {p: {} for p in PROTOCOLS}).setdefault(protocol, {})
+
+    def has(self, label: str, protocol: str, length: str, *, windows: bool) -> bool:
+        """Whether the cell holds its bpc (and, with ``windows``, its windows too)."""
+        held = [self.bpc] + ([self.windows] if windows else [])
+        return all(length in t.get(label, {}).get(protocol, {}) for t in held)
+
+    def put(self, label: str, protocol: str, length: str, bpc: float, windows: dict | None):
+        self._cell(self.bpc, label, protocol)[length] = bpc
+        if windows is not None:
+            self._cell(self.windows, label, protocol)[length] = windows
+
+    def save(self) -> None:
+        """The windows, then the JSON that names them, each written whole and renamed into place."""
+        arrays, layouts = {}, {}
+        for label, by_protocol in self.windows.items():
+            for protocol, by_length in by_protocol.items():
+                for length, w in by_length.items():
+                    name = _array_key(label, protocol, length)
+                    arrays[f"{name}.bits"] = np.asarray(w["bits"], np.float64)
+                    arrays[f"{name}.tokens"] = np.asarray(w["tokens"], np.int64)
+                    self._cell(layouts, label, protocol)[length] = w["layout"]
+        if arrays:
+            _replace(self.workdir / WINDOWS_FILE, lambda f: np.savez_compressed(f, **arrays))
+        text = json.dumps({"key": self.key, "bpc": self.bpc, "windows": layouts}, indent=1) + "\n"
+        _replace(self.workdir / CACHE, lambda f: f.write(text.encode()))
+
+    def scored(self, label: str, lengths: set[str]) -> Scored:
+        """``label``'s cells at ``lengths``."""
+        keep = lambda table: {  # noqa: E731
+            p: {n: v for n, v in by_length.items() if n in lengths}
+            for p, by_length in table.get(label, {p: {} for p in PROTOCOLS}).items()
+        }
+        return Scored(keep(self.bpc), keep(self.windows))
+
+
+def _replace(path: pathlib.Path, write) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("wb") as f:
+        write(f)
+    os.replace(temporary, path)
+
+
+def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]:
+    """{label: ``Scored``} of one run at ``lengths`` for each ``(label, RoPE extension)`` of
+    ``labels`` (``labels_of``: its scheme, and RoPE's extensions; the first, its own). Each cell is
+    kept in the run's folder as soon as it is measured (``_Cells``), so a stopped sweep goes on
+    from the next; ``--scored-only`` measures nothing."""
+    from relpos_jax import data
+    from relpos_jax.evaluate import restore_model, with_config
+
+    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
+    cells = _Cells(run.workdir, key)
+    own = labels[0][0]
+    model = None
+    for label, kind in labels:
+        for length in lengths:
+            if kind is not None and length > args.train_len * args.extensions_up_to:
+                continue  # beyond the factors the extensions are published for
+            n = str(length)
+            todo = [
+                p for p in protocols_at(length, args) if not cells.has(label, p, n, windows=True)
+            ]
+            scaling = None if kind is None else stretched(kind, length / args.train_len,
+                                                          args.train_len)  # fmt: skip
+            if kind is not None and scaling is None:  # no stretch at the trained length: RoPE's
+                for protocol in todo:
+                    if cells.has(own, protocol, n, windows=False):
+                        windows = cells.windows.get(own, {}).get(protocol, {}).get(n)
+                        cells.put(label, protocol, n, cells.bpc[own][protocol][n], windows)
+                todo = []
+            if not todo or args.scored_only:
+                continue
+            if model is None:
+                config = load_config(ROOT / run.config, list(run.settings))
+                model, cfg, _ = restore_model(config, run.workdir)
+                stream = data.open_data(cfg.data, "test")
+            impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
+            model_config = dataclasses.replace(
+                cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
+            )
+            start = time.perf_counter()
+            measured = measure(with_config(model, model_config), stream, length, todo, args)
+            seconds = time.perf_counter() - start
+            for protocol, result in measured.items():
+                cells.put(label, protocol, n, result["bpc"], result["windows"])
+            cells.save()
+            values = " / ".join(f"{p} {r['bpc']:.4f}" for p, r in measured.items())
+            print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
+    if not args.scored_only:
+        cells.save()  # the copies of RoPE's own cells at the trained length
+    wanted = {str(n) for n in lengths}
+    return {label: cells.scored(label, wanted) for label, _ in labels}
