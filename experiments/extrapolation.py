@@ -69,6 +69,7 @@ from experiments.common import (
     config_for,
     extrapolation_run_name,
 )
+from experiments.extrapolation_scoring import ROPE_EXTENSIONS as ROPE_EXTENSIONS  # the rows it adds
 from experiments.extrapolation_scoring import labels_of, score
 from experiments.extrapolation_tables import plot, render
 from relpos_jax.config import load_config
