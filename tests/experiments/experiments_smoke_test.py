@@ -7,6 +7,7 @@ tests/bench/bench_smoke_test.py."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -67,7 +68,7 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     assert not [line for line in partial.stdout.splitlines() if line.startswith("  ")]
     assert "| rope | " in partial.stdout and partial.stdout.count(" – |") >= 8  # L=64, every row
     assert "still to be scored" in partial.stdout
-    results = json.loads((tmp_path / "out" / "extrapolation.json").read_text())
+    results = sweep.read(tmp_path / "out" / "extrapolation.json")  # with its windows
     labels = {(r["label"], r["variant"]) for r in results["runs"]}
     assert labels == {("rope", "defaults"), ("t5", "defaults"), ("t5", "sized")} | {
         (f"rope+{kind}", "defaults")
@@ -84,9 +85,11 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
     past = [r["bpc"] for r in results["runs"] if r["label"] == extrapolation.past_label("linear")]
     assert [set(b["non-overlapping"]) for b in past] == [{"32"}]  # the 2× fine-tune at 4×
     assert (tmp_path / "runs" / "rope_pi4_len8_seed0" / "eval.json").exists()
-    assert (tmp_path / "out" / "extrapolation.md").read_text() == extrapolation_tables.render(
-        results
-    )
+    kept = results["runs"][0]["bpc_windows"]["non-overlapping"]["32"]  # each cell's windows
+    assert kept["tokens"].sum() == 40 and "segments of 32" in kept["layout"]
+    table = (tmp_path / "out" / "extrapolation.md").read_text()
+    assert table == extrapolation_tables.render(results) and "| rope | " in table
+    assert re.search(r"\| rope \| \d\.\d{3} \[", table)  # one seed: an interval over windows
     assert (tmp_path / "out" / "extrapolation.png").stat().st_size > 0
 
     command = experiment(
