@@ -156,7 +156,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
     key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
     cells = _Cells(run.workdir, key)
     own = labels[0][0]
-    model = None
+    model, copied = None, False
     for label, kind in labels:
         for length in lengths:
             if kind is not None and length > args.train_len * args.extensions_up_to:
@@ -172,6 +172,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
                     if cells.has(own, protocol, n, windows=False):
                         windows = cells.windows.get(own, {}).get(protocol, {}).get(n)
                         cells.put(label, protocol, n, cells.bpc[own][protocol][n], windows)
+                        copied = True
                 todo = []
             if not todo or args.scored_only:
                 continue
@@ -191,7 +192,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
             cells.save()
             values = " / ".join(f"{p} {r['bpc']:.4f}" for p, r in measured.items())
             print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
-    if not args.scored_only:
+    if copied and not args.scored_only:
         cells.save()  # the copies of RoPE's own cells at the trained length
     wanted = {str(n) for n in lengths}
     return {label: cells.scored(label, wanted) for label, _ in labels}
