@@ -12,8 +12,10 @@ segment and memory as in training; cached in the run's ``probe_accuracy.json``).
 
 - ``memory``: the config's segment and memory (needle: 16 + 48, so most keys lie in memory);
 - ``in_segment``: one segment as long as that window (64) and no memory, the batch shrunk so that a
-  step holds the same tokens: the key is inside the segment. A scheme that fails here cannot do the
-  lookup in this budget at all, so its failure with memory says nothing about memory;
+  step holds the same tokens, scored only where the key is inside the segment (as rows run on, a
+  key d bytes back falls in the segment before for about d/64 of the answers, beyond a model
+  without memory: ``probing.within_reach``). A scheme that fails here cannot do the lookup in this
+  budget at all, so its failure with memory says nothing about memory;
 - ``no_memory``: the config's segment without memory (chance beyond the segment).
 
 The distances scored are the trained ones by default (those the probe config's documents draw:
@@ -83,9 +85,12 @@ def runs_of(args, cfg: Config) -> dict[tuple[str, str, int], sweep.Run]:
     return runs
 
 
-def score(run: sweep.Run, distances, window: tuple[int, int] | None = None) -> list[dict]:
+def score(
+    run: sweep.Run, distances, window: tuple[int, int] | None = None, reachable_only: bool = False
+) -> list[dict]:
     """The run's accuracy at each distance, with its own segment and memory or ``window`` (segment,
-    memory) instead; cached in the run's ``probe_accuracy*.json``."""
+    memory) instead, over every answer or (``reachable_only``) those whose key is within reach;
+    cached in the run's ``probe_accuracy*.json``."""
     from relpos_jax.analysis.probing import accuracy_by_distance
     from relpos_jax.data import probes
     from relpos_jax.evaluate import restore_model
@@ -94,15 +99,17 @@ def score(run: sweep.Run, distances, window: tuple[int, int] | None = None) -> l
     cache = run.workdir / f"probe_accuracy{suffix}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
-        if [c["distance"] for c in cached] == list(distances):
+        same = [c["distance"] for c in cached] == list(distances)
+        if same and all(c.get("reachable_only", False) == reachable_only for c in cached):
             return cached
     cfg = load_config(ROOT / run.config, list(run.settings))
     kind, *_ = probes.parse(cfg.data.name)
     model, c, _ = restore_model(cfg, run.workdir)
     segment_len, mem_len = window or (c.data.segment_len, c.model.mem_len)
     curve = accuracy_by_distance(
-        model, kind, distances, segment_len=segment_len, mem_len=mem_len, documents=256
-    )
+        model, kind, distances, segment_len=segment_len, mem_len=mem_len, documents=256,
+        reachable_only=reachable_only,
+    )  # fmt: skip
     cache.write_text(json.dumps(curve, indent=1) + "\n")
     return curve
 
@@ -116,7 +123,8 @@ def _curves(results: dict, field: str = "curve") -> dict[tuple[str, str], dict[i
             continue
         by_distance = curves.setdefault((run["scheme"], run["condition"]), {})
         for point in run[field]:
-            by_distance.setdefault(point["distance"], []).append(point["byte_accuracy"])
+            if point["byte_accuracy"] is not None:  # None: no answer within reach
+                by_distance.setdefault(point["distance"], []).append(point["byte_accuracy"])
     return curves
 
 
@@ -133,7 +141,11 @@ def trained_accuracy(settings: dict, curve) -> list[float]:
     """The accuracies of ``curve`` at the distances the probe trains on (``settings["trained"]``;
     every distance for a JSON that predates that record)."""
     low, high = settings.get("trained", (0, float("inf")))
-    return [point["byte_accuracy"] for point in curve if low <= point["distance"] <= high]
+    return [
+        point["byte_accuracy"]
+        for point in curve
+        if low <= point["distance"] <= high and point["byte_accuracy"] is not None
+    ]
 
 
 def solves(trained: list[float]) -> bool:
@@ -193,7 +205,7 @@ def render(results: dict) -> str:
         f"{s['segment_len']}, memory {s['mem_len']}, {s['steps']} steps, seeds "
         f"{', '.join(map(str, s['seeds']))}. Conditions: memory (the config's segment and memory), "
         f"in segment ({s['segment_len'] + s['mem_len']}-byte segments, no memory, the same tokens a "
-        f"step: the key is inside the segment), no memory (the config's segment alone). "
+        f"step; {_in_segment_scoring(results)}), no memory (the config's segment alone). "
         f"Answer-byte accuracy on 256 fresh test documents a distance, teacher-forced, mean ± sd "
         f"over the seeds; chance is {chance}.{_untrained_note(s, distances)}",
         *_solved_lines(results),
@@ -216,6 +228,21 @@ def render(results: dict) -> str:
         ]
     reused = sweep.commits_lines(s, results["runs"], _name)
     return "\n".join([*lines, *(["", *reused] if reused else []), ""])
+
+
+def _in_segment_scoring(results: dict) -> str:
+    """Which in-segment answers were scored: those whose key lies inside the segment (with their
+    share at the shortest and the longest distance), or, in a JSON written before that choice,
+    every answer."""
+    points = [p for r in results["runs"] if r["condition"] == "in_segment" for p in r["curve"]]
+    if not points or not all(p.get("reachable_only") for p in points):
+        return "scored at every answer, also those whose key falls in the segment before"
+    shares = {p["distance"]: p["reachable"] for p in points}
+    low, high = min(shares), max(shares)
+    return (
+        f"scored only where the key is inside the segment: {shares[low]:.0%} of the answers at "
+        f"distance {low}, {shares[high]:.0%} at {high}; the others' keys fall in the segment before"
+    )
 
 
 def _above_chance(curves: dict, distances: list[int], chance: float) -> list[str]:
@@ -287,9 +314,10 @@ def _reused(path: pathlib.Path, runs: dict, args, cfg: Config) -> dict[tuple, di
     )  # fmt: skip
     distances = list(args.distances)
     return {
-        key: run
-        for key, run in earlier.items()
+        (scheme, condition, seed): run
+        for (scheme, condition, seed), run in earlier.items()
         if [point["distance"] for point in run["curve"]] == distances
+        and all(p.get("reachable_only", False) == (condition == "in_segment") for p in run["curve"])
     }
 
 
@@ -333,7 +361,7 @@ def main() -> None:
     measured = {
         (scheme, condition, seed): {
             "scheme": scheme, "condition": condition, "seed": seed, "workdir": str(run.workdir),
-            "curve": score(run, args.distances),
+            "curve": score(run, args.distances, reachable_only=condition == "in_segment"),
             **({"curve_with_memory": score(run, args.distances, memory_window)}
                if condition == "in_segment" else {}),
         }

@@ -4,6 +4,13 @@
 (``data.probes``) out in ``batch_size`` rows of whole documents, runs the model over each row segment by
 segment with its memory carried, and scores, teacher-forced, only the answer bytes: the fraction of
 answer bytes predicted (argmax), and the fraction of documents whose answer is entirely right.
+
+As the rows run on, an answer's key (the byte ``distance`` back) falls in an earlier segment for some
+answers: beyond the first layer's reach when it lies before the memory too. ``reachable`` is the
+share of answers whose key is within reach (the segment so far and ``mem_len`` positions before it);
+``reachable_only=True`` scores only those, the accuracy of a model "with the key in its window".
+For ``recall`` the byte ``distance`` back is the end of the listing, so its pair lies further still:
+there, within reach is necessary, not sufficient.
 """
 
 from __future__ import annotations
@@ -58,8 +65,11 @@ def probe_accuracy(
     documents: int = 64,
     batch_size: int = 8,
     seed: int = 3,
+    reachable_only: bool = False,
 ) -> dict[str, Any]:
-    """Teacher-forced accuracy of ``model`` on fresh documents of probe ``name``."""
+    """Teacher-forced accuracy of ``model`` on fresh documents of probe ``name``: over every answer
+    byte, or with ``reachable_only`` over those whose key is within reach (``byte_accuracy`` None
+    where none is)."""
     kind, distance, longest = probes.parse(name)
     if longest != distance:
         raise probes.DataError(
@@ -75,19 +85,33 @@ def probe_accuracy(
     predicted = np.asarray(predict(graphdef, state, jnp.asarray(segments), mems))
     predicted = predicted.swapaxes(0, 1).reshape(rows, length)
     correct = predicted == tokens[:, 1:]
-    scored = answer[:, 1:]  # target j is token j + 1
-    wrong_docs = np.unique(doc_id[:, 1:][scored & ~correct])
+    answers = answer[:, 1:]  # target j is token j + 1
+    reachable = answers & within_reach(length, distance, segment_len, mem_len)
+    scored = reachable if reachable_only else answers
+    targets = doc_id[:, 1:]
+    counted_docs = len(np.unique(targets[scored]))
+    wrong_docs = len(np.unique(targets[scored & ~correct]))
     return {
         "probe": name,
         "kind": kind,
         "distance": distance,
-        "byte_accuracy": float(correct[scored].mean()),
-        "document_accuracy": 1.0 - len(wrong_docs) / len(docs),
+        "byte_accuracy": float(correct[scored].mean()) if scored.any() else None,
+        "document_accuracy": 1.0 - wrong_docs / counted_docs if counted_docs else None,
         "chance": probes.CHANCE[kind],
         "documents": len(docs),
         "segment_len": segment_len,
         "mem_len": mem_len,
+        "reachable": float(reachable.sum() / answers.sum()),
+        "reachable_only": reachable_only,
     }
+
+
+def within_reach(length: int, distance: int, segment_len: int, mem_len: int) -> np.ndarray:
+    """Whether the byte ``distance`` before each of ``length`` targets (target j is token j + 1,
+    predicted at position j) lies within the first layer's reach ``[length]``: the positions of
+    j's segment up to j and the ``mem_len`` before that segment."""
+    offset = np.arange(length) % segment_len  # j's offset in its segment
+    return distance <= offset + 1 + mem_len
 
 
 def accuracy_by_distance(

@@ -118,3 +118,38 @@ def test_each_prediction_is_scored_against_the_next_byte(monkeypatch):
     )
     assert result["byte_accuracy"] == pytest.approx(np.mean(repeats))
     assert result["byte_accuracy"] < 0.5
+
+
+def test_only_answers_whose_key_is_within_reach_are_scored_when_asked(monkeypatch):
+    """A predictor that looks ``distance`` back inside its own segment (never before it) is right at
+    exactly the answers whose key is within reach: all of them when those alone are scored, and the
+    reachable share of them when every answer is."""
+    from relpos_jax.analysis import probing
+
+    distance, segment = 24, 32
+
+    def lookup_in_segment(graphdef, state, segments, mems):
+        segments = np.asarray(segments)  # position t predicts t + 1 from t + 1 − distance
+        found = np.zeros_like(segments)
+        found[..., distance - 1 :] = segments[..., : segment - distance + 1]
+        return found
+
+    monkeypatch.setattr(probing, "predict", lookup_in_segment)
+    settings = dict(segment_len=segment, mem_len=0, documents=40, batch_size=4, seed=2)
+    model, name = tiny_model("txl"), f"probe:needle:{distance}"
+    everything = probe_accuracy(model, name, **settings)
+    reachable = probe_accuracy(model, name, reachable_only=True, **settings)
+    assert 0.1 < everything["reachable"] < 0.9  # some keys fall in the segment before
+    assert everything["byte_accuracy"] == pytest.approx(everything["reachable"])
+    assert reachable["byte_accuracy"] == reachable["document_accuracy"] == 1.0
+    with_memory = probe_accuracy(model, name, **{**settings, "mem_len": distance})
+    assert with_memory["reachable"] == 1.0
+
+
+def test_within_reach_is_the_segment_so_far_and_the_memory():
+    from relpos_jax.analysis.probing import within_reach
+
+    reach = within_reach(8, 3, segment_len=4, mem_len=0)
+    assert reach.tolist() == [False, False, True, True] * 2  # offsets 2 and 3 reach 3 back
+    assert within_reach(8, 5, segment_len=4, mem_len=2).tolist() == [False, False, True, True] * 2
+    assert within_reach(8, 2, segment_len=4, mem_len=1).all()
