@@ -35,6 +35,7 @@ trained again; the table names the commit it was measured at.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -110,7 +111,9 @@ def score(
         model, kind, distances, segment_len=segment_len, mem_len=mem_len, documents=256,
         reachable_only=reachable_only,
     )  # fmt: skip
-    cache.write_text(json.dumps(curve, indent=1) + "\n")
+    temporary = cache.with_name(f".{cache.name}.tmp")  # written whole, then renamed into place
+    temporary.write_text(json.dumps(curve, indent=1) + "\n")
+    os.replace(temporary, cache)
     return curve
 
 

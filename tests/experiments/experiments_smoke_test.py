@@ -137,7 +137,10 @@ def test_bench_probes_runs_every_scheme(tiny, tmp_path):
         ("rope", "in_segment"),
     ]
     assert all([c["distance"] for c in r["curve"]] == [8, 32] for r in results["runs"])
-    in_segment = results["runs"][1]  # also read through the memory runs' window
+    memory, in_segment = results["runs"]  # in segment: only where the key is inside it
+    assert not any(c["reachable_only"] for c in memory["curve"])
+    assert all(c["reachable_only"] for c in in_segment["curve"])
+    assert memory["curve"][0]["reachable"] == 1.0 and 0 < in_segment["curve"][1]["reachable"] < 1
     assert [(c["segment_len"], c["mem_len"]) for c in in_segment["curve_with_memory"]] == [
         (16, 48)
     ] * 2
