@@ -190,7 +190,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "",
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
-        "too; needle solved: the seeds that solve the needle probe, of those run. Bpc at 1×, 4× "
+        "too; needle solved: the seeds that solve the needle probe, of those run (its own "
+        "models; without memory, the key inside the segment). Bpc at 1×, 4× "
         "and 16× the training length is measured on models trained "
         "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
         "split). Best context: the evaluation context c (memory, or window before the segment) "
