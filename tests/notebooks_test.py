@@ -170,13 +170,15 @@ def test_memory_and_recurrence_notebook_finds_the_recurrence_exact(tmp_path):
                 r for r in ablation["runs"] if (r["scheme"], str(r["memory"])) == (scheme, memory)
             ]
             assert value == round(float(np.mean([r["bpc_by_position"][0] for r in runs])), 3)
-    probe = json.loads((ROOT / "docs/results/earlier/probe_needle.json").read_text())
+    probe = json.loads((ROOT / "docs/results/probe_needle.json").read_text())
     first = probe["runs"][0]
     key = f"{first['scheme']}/{first['condition']}"
     runs = [r for r in probe["runs"] if (r["scheme"], r["condition"]) == tuple(key.split("/"))]
     expected = np.mean([[c["byte_accuracy"] for c in r["curve"]] for r in runs], axis=0)
     np.testing.assert_allclose(report["needle"][key], expected)
-    assert report["needle_lines"] == [len(probe["settings"]["schemes"]) + 1] * 2  # + chance
+    schemes = [{r["scheme"] for r in probe["runs"] if r["condition"] == c} for c in
+               probe["settings"]["conditions"]]  # fmt: skip
+    assert report["needle_lines"] == [len(s) + 1 for s in schemes]  # + chance
 
 
 @pytest.mark.slow
