@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from typing import NamedTuple
@@ -125,9 +124,11 @@ class _Cells:
                     arrays[f"{name}.tokens"] = np.asarray(w["tokens"], np.int64)
                     self._cell(layouts, label, protocol)[length] = w["layout"]
         if arrays:
-            _replace(self.workdir / WINDOWS_FILE, lambda f: np.savez_compressed(f, **arrays))
+            sweep.replace_whole(
+                self.workdir / WINDOWS_FILE, lambda f: np.savez_compressed(f, **arrays)
+            )
         text = json.dumps({"key": self.key, "bpc": self.bpc, "windows": layouts}, indent=1) + "\n"
-        _replace(self.workdir / CACHE, lambda f: f.write(text.encode()))
+        sweep.replace_whole(self.workdir / CACHE, lambda f: f.write(text.encode()))
 
     def scored(self, label: str, lengths: set[str]) -> Scored:
         """``label``'s cells at ``lengths``."""
@@ -136,13 +137,6 @@ class _Cells:
             for p, by_length in table.get(label, {p: {} for p in PROTOCOLS}).items()
         }
         return Scored(keep(self.bpc), keep(self.windows))
-
-
-def _replace(path: pathlib.Path, write) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("wb") as f:
-        write(f)
-    os.replace(temporary, path)
 
 
 def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]:

@@ -35,7 +35,6 @@ trained again; the table names the commit it was measured at.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 
@@ -101,7 +100,7 @@ def score(
     if cache.exists():
         cached = json.loads(cache.read_text())
         same = [c["distance"] for c in cached] == list(distances)
-        if same and all(c.get("reachable_only", False) == reachable_only for c in cached):
+        if same and _scored_as(cached, reachable_only):
             return cached
     cfg = load_config(ROOT / run.config, list(run.settings))
     kind, *_ = probes.parse(cfg.data.name)
@@ -111,10 +110,15 @@ def score(
         model, kind, distances, segment_len=segment_len, mem_len=mem_len, documents=256,
         reachable_only=reachable_only,
     )  # fmt: skip
-    temporary = cache.with_name(f".{cache.name}.tmp")  # written whole, then renamed into place
-    temporary.write_text(json.dumps(curve, indent=1) + "\n")
-    os.replace(temporary, cache)
+    text = json.dumps(curve, indent=1) + "\n"
+    sweep.replace_whole(cache, lambda f: f.write(text.encode()))
     return curve
+
+
+def _scored_as(curve: list[dict], reachable_only: bool) -> bool:
+    """Whether every point of ``curve`` was scored over the answers ``reachable_only`` names (every
+    answer, for points written before that choice)."""
+    return all(point.get("reachable_only", False) == reachable_only for point in curve)
 
 
 def _curves(results: dict, field: str = "curve") -> dict[tuple[str, str], dict[int, list[float]]]:
@@ -238,7 +242,7 @@ def _in_segment_scoring(results: dict) -> str:
     share at the shortest and the longest distance), or, in a JSON written before that choice,
     every answer."""
     points = [p for r in results["runs"] if r["condition"] == "in_segment" for p in r["curve"]]
-    if not points or not all(p.get("reachable_only") for p in points):
+    if not points or not _scored_as(points, True):
         return "scored at every answer, also those whose key falls in the segment before"
     shares = {p["distance"]: p["reachable"] for p in points}
     low, high = min(shares), max(shares)
@@ -320,7 +324,7 @@ def _reused(path: pathlib.Path, runs: dict, args, cfg: Config) -> dict[tuple, di
         (scheme, condition, seed): run
         for (scheme, condition, seed), run in earlier.items()
         if [point["distance"] for point in run["curve"]] == distances
-        and all(p.get("reachable_only", False) == (condition == "in_segment") for p in run["curve"])
+        and _scored_as(run["curve"], reachable_only=condition == "in_segment")
     }
 
 
