@@ -88,9 +88,17 @@ class Compare:
     """A table's measure over seeds for each of its groups (``values``: key -> each seed's number;
     ``windows``: key -> each seed's windows, where recorded) and the rule it states them by: the
     bootstrap rule where every seed of every group has windows, all the same windows (else the
-    spread rule; see the module's docstring). Intervals are computed once each, seeded."""
+    spread rule; see the module's docstring). With ``shared_blocks``, groups scored on other
+    windows over the same tokens (other lengths) are paired on the blocks whose ends they share
+    (``bootstrap.on_shared_blocks``). Intervals are computed once each, seeded."""
 
-    def __init__(self, values: dict[Hashable, list[float]], windows: dict | None = None) -> None:
+    def __init__(
+        self,
+        values: dict[Hashable, list[float]],
+        windows: dict | None = None,
+        *,
+        shared_blocks: bool = False,
+    ) -> None:
         self.values = values
         self.scores: dict[Hashable, bootstrap.Scores] | None = None
         seeds = [(windows or {}).get(key) or [] for key in values]
@@ -102,6 +110,12 @@ class Compare:
                 scores = {key: bootstrap.Scores.of(w) for key, w in zip(values, seeds, strict=True)}
             except ValueError:
                 scores = {}
+            if shared_blocks and scores:
+                try:
+                    paired = bootstrap.on_shared_blocks(*scores.values())
+                    scores = dict(zip(scores, paired, strict=True))
+                except ValueError:  # not the same tokens: the spread rule
+                    scores = {}
             first = next(iter(scores.values()), None)
             if first is not None and all(
                 s.layout == first.layout and np.array_equal(s.tokens, first.tokens)

@@ -46,10 +46,12 @@ def order(
 ) -> Verdict:
     """Whether ``a`` lies below ``b`` (a paper's "a is better": lower bpc), by the sweeps' rule
     (``compare.Compare``: the paired bootstrap where ``windows``, the two sides' windows of each
-    seed, are all kept; else the spread rule)."""
+    seed, are all kept, paired on the blocks the two sides share where they were scored in other
+    windows of the same tokens, e.g. at two lengths; else the spread rule)."""
     if not a or not b:
         return Verdict("not comparable", "not measured", "the sweep has not run this pair")
-    compare = Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None)
+    compare = Compare({0: a, 1: b}, dict(enumerate(windows)) if windows else None,
+                      shared_blocks=True)  # fmt: skip
     text = (
         f"{names[0]} {compare.cell(0, digits)} vs {names[1]} {compare.cell(1, digits)} "
         f"({_seeds(min(len(a), len(b)))})"
@@ -136,9 +138,9 @@ def table6_order(a: tuple[str, bool], b: tuple[str, bool], *, latter_half: bool 
 
 def extrapolation_order(longer: tuple[str, int], shorter: tuple[str, int], changes=()):
     """``longer``'s bpc below ``shorter``'s (label, factor each), e.g. ALiBi at 4× no worse than
-    at 1×, by the paired bootstrap where both were scored on the same windows and kept them (the
-    same length), else the spread rule; ``changes``: the implementations the claim depends on
-    (``CHANGES``)."""
+    at 1×, by the paired bootstrap where both kept their windows (at two lengths: on the blocks of
+    the same tokens that their windows share), else the spread rule; ``changes``: the
+    implementations the claim depends on (``CHANGES``)."""
 
     def judge(results: dict, contains) -> Verdict:
         names = (f"{longer[0]} at {longer[1]}×", f"{shorter[0]} at {shorter[1]}×")

@@ -7,8 +7,9 @@ Each claim a paper makes is checked on this project's runs of the same compariso
 
 - **agrees** / **disagrees**: the runs order the two sides as the paper does, or the other way,
   by the rule of the sweep's own tables (``compare.Compare``: the bootstrap interval of the paired
-  difference excludes zero where the runs kept windows, else the means differ by more than twice the
-  larger seed spread);
+  difference excludes zero where the runs kept windows, paired on the same tokens, at two lengths
+  on the blocks of them that both lengths' windows end at; else the means differ by more than twice
+  the larger seed spread);
 - **not resolved**: the runs do not separate the two sides by that rule;
 - **not comparable**: the runs measured something else (an implementation or protocol that has
   changed since, named with the commit that changed it) or nothing yet.
@@ -199,9 +200,10 @@ def render(results: dict, contains=contains) -> str:
         "Command: `python -m experiments.papers`, from the sweeps' JSONs beside this file. Each claim is "
         "judged on this project's runs of the same comparison: agrees / disagrees where the runs "
         "order the two sides by the sweeps' rule (twice the larger seed spread, or a bootstrap "
-        "interval where runs kept windows), not resolved where they do not separate them, not "
-        "comparable where the runs measured something else or nothing yet. Orders are compared, "
-        "never numbers.",
+        "interval where runs kept windows: paired on the same tokens, at two lengths on the "
+        "blocks of them that both lengths' windows end at), not resolved where they do not "
+        "separate them, not comparable where the runs measured something else or nothing yet. "
+        "Orders are compared, never numbers.",
         "",
         "Scale: the papers train word- or token-level models of 100M+ parameters for 100k+ "
         f"steps; here bytes of the embedded corpus{_scale(a, e)}.",

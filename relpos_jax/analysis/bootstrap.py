@@ -16,12 +16,15 @@ replicates by default, from a seeded generator: the same inputs give the same in
 
 Windows next to each other share context (with memory, a window's context is its neighbour), so
 they are not independent: ``Scores.blocks`` sums consecutive windows into blocks, resampled whole
-(a block bootstrap). numpy only. Legend: S seeds, W windows, R replicates.
+(a block bootstrap). Results laid out in other windows over the same tokens (two evaluation
+lengths) pair on the blocks whose ends they share (``on_shared_blocks``). numpy only. Legend: S
+seeds, W windows, R replicates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -91,6 +94,37 @@ class Scores:
         return Scores(
             np.add.reduceat(self.bits, starts, axis=1), np.add.reduceat(self.tokens, starts), layout
         )
+
+
+def on_shared_blocks(*scores: Scores) -> tuple[Scores, ...]:
+    """``scores`` laid out in other windows over the same tokens (e.g. one length's segments and
+    four times that length's), each with its windows in the text's order, summed into the blocks
+    whose ends all of them share: the same blocks of the same tokens for each, so paired. Where all
+    are already on the same windows, they are returned as they are."""
+    if not scores:
+        return ()
+    first = scores[0]
+    if all(s.layout == first.layout and np.array_equal(s.tokens, first.tokens) for s in scores):
+        return scores
+    ends = [np.cumsum(s.tokens) for s in scores]  # exact: integer counts well below 2**53
+    if len({float(e[-1]) for e in ends}) > 1:
+        raise ValueError(
+            f"bootstrap: windows over {sorted({int(e[-1]) for e in ends})} tokens have no shared "
+            "blocks; pair only results scored on the same tokens"
+        )
+    shared = functools.reduce(np.intersect1d, ends)  # sorted, holding the last end
+    layouts = " | ".join(dict.fromkeys(str(s.layout) for s in scores))
+    layout = f"{len(shared)} blocks shared by ({layouts})"
+    out = []
+    for s, e in zip(scores, ends, strict=True):
+        last = np.searchsorted(e, shared)  # the window each shared block ends with
+        starts = np.concatenate([[0], last[:-1] + 1])
+        out.append(
+            Scores(
+                np.add.reduceat(s.bits, starts, axis=1), np.add.reduceat(s.tokens, starts), layout
+            )
+        )
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,6 +130,28 @@ def test_blocks_sum_consecutive_windows_and_stay_paired():
     assert bootstrap.better(blocked, b.blocks(10))
 
 
+def test_results_on_other_windows_of_the_same_tokens_pair_on_their_shared_blocks():
+    fine = _model(96)  # windows of T tokens, in the text's order
+    coarse = Scores(fine.bits.reshape(1, 32, 3).sum(2), np.full(32, 3 * T), "windows of 3T")
+    a, b = bootstrap.on_shared_blocks(fine, coarse)  # the coarse windows: every third fine end
+    np.testing.assert_array_equal(a.tokens, coarse.tokens)
+    np.testing.assert_allclose(a.bits, coarse.bits, rtol=1e-15)
+    assert a.layout == b.layout == "32 blocks shared by (test 96 | windows of 3T)"
+    same = bootstrap.difference(a, b)  # the same text, summed in other windows
+    assert max(abs(same.point), abs(same.lo), abs(same.hi)) < 1e-12
+    assert bootstrap.better(*bootstrap.on_shared_blocks(fine, _model(96, margin=0.5).blocks(4)))
+    # not nested: windows of 2 and of 3 tokens share every sixth token's end
+    two = Scores(np.arange(6.0)[None], np.full(6, 2.0), "by 2")
+    three = Scores(np.ones((1, 4)), np.full(4, 3.0), "by 3")
+    (x, y) = bootstrap.on_shared_blocks(two, three)
+    np.testing.assert_array_equal(x.bits, [[3.0, 12.0]])
+    np.testing.assert_array_equal(y.bits, [[2.0, 2.0]])
+    np.testing.assert_array_equal(x.tokens, y.tokens)
+    assert bootstrap.on_shared_blocks(fine, fine) == (fine, fine)  # already paired: as they are
+    with pytest.raises(ValueError, match=r"windows over \[11, 12\] tokens have no shared blocks"):
+        bootstrap.on_shared_blocks(two, Scores(np.ones((1, 1)), np.array([11.0])))
+
+
 def test_scores_of_seeds_and_what_cannot_be_paired():
     seeds = [{"bits": np.full(4, 2.0 * T + k), "tokens": np.full(4, T), "layout": "x"}
              for k in range(3)]  # fmt: skip

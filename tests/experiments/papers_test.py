@@ -109,6 +109,27 @@ def test_yarn_past_its_fine_tuned_length_must_be_below_pi_and_ntk_both():
     assert missing.verdict == "not comparable"
 
 
+def test_a_claim_across_lengths_pairs_the_two_on_the_blocks_their_windows_share():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    hard = rng.gamma(4.0, 0.5, 128)  # each token's difficulty: the same text at both lengths
+    results = {"extrapolation.json": _extrapolation({"alibi": {1: [2.0] * 3, 4: [1.9] * 3}})}
+    for run in results["extrapolation.json"]["runs"]:
+        bits = hard + rng.normal(0, 0.05, 128)
+        by_length = {}
+        for factor, gain in ((1, 0.0), (4, -0.1)):  # 4×: every token 0.1 bit lower
+            length = 8 * factor
+            sums = (bits + gain).reshape(-1, length).sum(1)
+            by_length[str(length)] = {"bits": sums, "tokens": np.full(len(sums), length),
+                                      "layout": f"segments of {length}"}  # fmt: skip
+        run["bpc_windows"] = {"non-overlapping": by_length}
+    verdict = _verdicts(results)["ALiBi extrapolates: 4× the trained length no worse than 1×"]
+    assert verdict.verdict == "agrees", verdict
+    assert "alibi at 4× " in verdict.ours and " [" in verdict.ours  # intervals, not ± sd
+    assert "(difference -0.1000 [" in verdict.ours  # paired on the same tokens: exactly the gain
+
+
 def _recl(intervals: dict[tuple[str, bool], list[tuple[int, int]]], protocol: int = 3) -> dict:
     """A recl.json: each (scheme, memory)'s interval at r = 0.1 in each seed's group."""
     runs = [
