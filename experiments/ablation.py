@@ -16,7 +16,8 @@ under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
 same steps and overrides (their folders gone: another machine, a cleaned disk). Writes
 ``ablation.json`` (settings, commit, each run's test bpc; its test windows in
-``ablation_windows.npz``) and renders ``ablation.md`` (mean [95 % bootstrap interval] over seeds
+``ablation_windows.npz``, and with ``--half-loss`` each run without memory's windows on the latter
+half of each segment, ``experiments.latter_half_scoring``) and renders ``ablation.md`` (mean [95 % bootstrap interval] over seeds
 and test windows, or mean ± sd for runs recorded without windows; the paper's WikiText-103
 perplexities beside for reference; which differences are beyond chance: a paired interval that
 excludes zero, or twice the spread — ``compare.Compare``), ``ablation.png`` and ``ablation_positions.png``
@@ -25,12 +26,12 @@ excludes zero, or twice the spread — ``compare.Compare``), ``ablation.png`` an
 
 from __future__ import annotations
 
+import math
 import pathlib
-import statistics
 import sys
 
 from bench import args as options
-from experiments import compare, sweep
+from experiments import compare, latter_half_scoring, sweep
 from experiments.common import config_file, config_for, label_order, overrides, run_name
 from relpos_jax.config import POSITIONS
 
@@ -53,6 +54,7 @@ PAPER = {  # the test perplexity beside each row of the ablation: Table 6's init
     for key, (init, _, _, model) in TABLE6.items()
 }
 HALF = "+half"  # the row of a scheme trained on half loss (``--half-loss``)
+LATTER_HALF = "latter_half_windows"  # a run's windows on the latter half of each segment
 
 
 def _run_name(label: str, mem_len: int, seed: int) -> str:
@@ -62,7 +64,11 @@ def _run_name(label: str, mem_len: int, seed: int) -> str:
 
 def latter_half(run: dict) -> float | None:
     """A run's test bpc over the latter half of each segment (the positions a half-loss model
-    trained on, each with half a segment of context or more), from its bpc by position."""
+    trained on, each with half a segment of context or more): from its windows there
+    (``experiments.latter_half_scoring``), else the mean of its bpc by position there."""
+    windows = run.get(LATTER_HALF)
+    if compare.has_windows(windows):
+        return math.fsum(windows["bits"]) / math.fsum(windows["tokens"])
     by_position = run.get("bpc_by_position")
     if not by_position:
         return None
@@ -70,24 +76,38 @@ def latter_half(run: dict) -> float | None:
     return sum(half) / len(half)
 
 
+def latter_halves(runs: list[dict]) -> tuple[list[float], list]:
+    """Each run's ``latter_half`` bpc and its windows there (None where not kept), for the runs
+    that have one."""
+    found = [
+        (value, run.get(LATTER_HALF)) for run in runs if (value := latter_half(run)) is not None
+    ]
+    return [v for v, _ in found], [w for _, w in found]
+
+
 def _half_loss_lines(results: dict) -> list[str]:
     """The rows without memory on the positions a half-loss model trained on (none without one)."""
     if not any(run["scheme"].endswith(HALF) for run in results["runs"]):
         return []
-    values: dict[str, list[float]] = {}
+    by_scheme: dict[str, list[dict]] = {}
     for run in results["runs"]:
-        if run["memory"] == 0 and (value := latter_half(run)) is not None:
-            values.setdefault(run["scheme"], []).append(value)
+        if run["memory"] == 0:
+            by_scheme.setdefault(run["scheme"], []).append(run)
+    halves = {scheme: latter_halves(runs) for scheme, runs in by_scheme.items()}
+    halves = {scheme: found for scheme, found in halves.items() if found[0]}
+    rule = compare.Compare({s: v for s, (v, _) in halves.items()},
+                           {s: w for s, (_, w) in halves.items()})  # fmt: skip
     lines = [
         "A half-loss model never trained on the first half of a segment, which the test bpc above "
-        "scores too; on the latter half (test bpc by position, mean ± sd over seeds), where every "
-        "model without memory sees half a segment of context or more:",
+        f"scores too; on the latter half ({rule.summary_rule}: each run's test split scored again "
+        "counting only the targets at offset half a segment or more, `experiments.latter_half_scoring`), "
+        "where every model without memory sees half a segment of context or more:",
         "",
         "| scheme | memory | test bpc, latter half of each segment |",
         "|---|---:|---:|",
     ]
-    for scheme in sorted(values, key=lambda s: statistics.mean(values[s])):
-        lines.append(f"| {scheme} | 0 | {compare.mean_sd_text(values[scheme], 4)} |")
+    for scheme in sorted(halves, key=rule.mean):
+        lines.append(f"| {scheme} | 0 | {rule.cell(scheme, 4)} |")
     return [*lines, ""]
 
 
@@ -271,6 +291,15 @@ def plot_positions(results: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _latter_half_windows(run: sweep.Run, mem_len: int, args) -> dict | None:
+    """A run's windows on the latter half of each segment, in blocks, where the sweep has half-loss
+    rows to compare it with (runs without memory only)."""
+    if mem_len or not args.half_loss:
+        return None
+    found = latter_half_scoring.windows(run)
+    return None if found is None else compare.in_blocks(found)
+
+
 def add_run_options(parser) -> None:
     """The options that name the sweep's runs (``runs_of``): ``--steps``, ``--schemes``, ``--seeds``,
     ``--mem-len``, ``--half-loss``; the sweeps that score its runs take them too."""
@@ -319,6 +348,7 @@ def main() -> None:
              "test_bpc": evaluated[run.name]["test"]["bpc"],
              "bpc_by_position": evaluated[run.name]["test"].get("bpc_by_position"),
              "test_windows": compare.windows_of(run.workdir, "test"),
+             LATTER_HALF: _latter_half_windows(run, mem_len, args),
              "valid_by_step": sweep.validation_curve(run.workdir)}
             for (scheme, mem_len, seed), run in runs.items()
         ] + list(reused.values()),

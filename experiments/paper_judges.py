@@ -118,15 +118,14 @@ def _label(scheme: str, memory: bool) -> str:
 
 def table6_order(a: tuple[str, bool], b: tuple[str, bool], *, latter_half: bool = False):
     """``a``'s test bpc below ``b``'s, (scheme, memory?) each, in the ablation; ``latter_half``:
-    on the latter half of each segment (``ablation.latter_half``: where a half-loss model trained),
-    by the spread rule over seeds."""
+    on the latter half of each segment (``ablation.latter_half``: where a half-loss model
+    trained)."""
 
     def judge(results: dict, contains) -> Verdict:
         names = (_label(*a), _label(*b))
         if latter_half:
-            halves = [[ablation.latter_half(r) for r in _runs(results, *side)] for side in (a, b)]
-            sides = [[v for v in half if v is not None] for half in halves]
-            verdict = order(*sides, tuple(f"{name} (latter half)" for name in names))
+            (va, wa), (vb, wb) = (ablation.latter_halves(_runs(results, *side)) for side in (a, b))
+            verdict = order(va, vb, tuple(f"{name} (latter half)" for name in names), [wa, wb])
         else:
             windows = [_ablation(results, *side, field="test_windows") for side in (a, b)]
             verdict = order(_ablation(results, *a), _ablation(results, *b), names, windows)

@@ -126,19 +126,36 @@ def evaluate(
     segment_len: int,
     mem_len: int,
     max_tokens: int | None = None,
+    scored_from: int = 0,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
-    """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once. With a
+    """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once; with
+    ``scored_from``, over those at offset ``scored_from`` or later in their segment only (the rest
+    are read, not scored: the latter half of each segment, where a half-loss model trained). With a
     ``mesh``, the rows of each batch are split over its batch axes (``_score``). Its ``windows``:
     each row of each segment, row by row (the text's order)."""
+    if not 0 <= scored_from < segment_len:
+        raise ValueError(
+            f"evaluate: scored_from={scored_from} is invalid; use an offset in [0, {segment_len})"
+        )
     first, batches = _peek(data_lib.eval_batches(stream, batch_size, segment_len, max_tokens))
+    if scored_from:
+        batches = ({**b, "weights": _from_offset(b["weights"], scored_from)} for b in batches)
     result = _score(model, batches, mem_len, mesh=mesh, by_row=True)
     rows = first["inputs"].shape[0]  # batch_size, or fewer where the split is short
     # what decides where the windows fall (not mem_len: with memory or without, the same windows)
     result["windows"]["layout"] = (
         f"segments of {segment_len}, {rows} rows, {result['tokens']} targets"
+        + (f" from offset {scored_from}" if scored_from else "")
     )
     return result
+
+
+def _from_offset(weights: np.ndarray, offset: int) -> np.ndarray:
+    """``weights [B, T]`` with the first ``offset`` positions of the segment set to 0."""
+    weights = weights.copy()
+    weights[:, :offset] = 0
+    return weights
 
 
 def evaluate_sliding(

@@ -17,15 +17,17 @@ from tests.helpers import tiny_model
 TOKENS = np.random.default_rng(7).integers(0, 256, 1000)
 
 
-def _one_segment_at_a_time(model, batch_size, segment_len, mem_len):
+def _one_segment_at_a_time(model, batch_size, segment_len, mem_len, tokens=TOKENS, scored_from=0):
     """The reference: the model called segment by segment with the memory of hidden states, the
     losses summed in float64 on the host, in all, at each position of the segment and in each row of
-    each segment (the windows, row by row: the text's order; the padding's left out)."""
-    stream = pipeline.ArrayStream(TOKENS)
+    each segment (the windows, row by row: the text's order; the padding's left out), of the targets
+    at offset ``scored_from`` or later in their segment."""
+    stream = pipeline.ArrayStream(tokens)
     total, count, mems = 0.0, 0.0, None
     at_position, at_position_count = np.zeros(segment_len), np.zeros(segment_len)
     window_loss, window_count = [], []
     for batch in pipeline.eval_batches(stream, batch_size, segment_len):
+        batch["weights"] = batch["weights"] * (np.arange(segment_len) >= scored_from)
         if mems is None:
             mems = model.init_mems(batch["inputs"].shape[0], mem_len)
         logits, mems = model(batch["inputs"], mems)
@@ -95,6 +97,27 @@ def test_models_scored_alike_have_the_same_windows_and_can_be_paired():
     assert not np.allclose(a["windows"]["bits"], b["windows"]["bits"])
     found = bootstrap.difference(Scores.of([a["windows"]]), Scores.of([b["windows"]]))
     assert found.point == pytest.approx(a["bpc"] - b["bpc"], abs=1e-12)
+
+
+def test_scored_from_an_offset_scores_the_latter_part_of_each_segment_as_the_reference_does():
+    model, tokens = tiny_model("sinusoid", mem_len=0), TOKENS[:301]
+    latter = evaluate_lib.evaluate(
+        model, pipeline.ArrayStream(tokens), batch_size=4, segment_len=16, mem_len=0, scored_from=8
+    )
+    loss, count, _, (bits, window_tokens) = _one_segment_at_a_time(
+        model, 4, 16, 0, tokens=tokens, scored_from=8
+    )
+    assert latter["windows"]["layout"] == "segments of 16, 4 rows, 140 targets from offset 8"
+    # rows of 75 targets: segments of 16, 16, 16, 16 and 11, each scored from its offset 8 on
+    assert count == latter["tokens"] == 140
+    assert latter["windows"]["tokens"].tolist() == window_tokens.tolist() == [8, 8, 8, 8, 3] * 4
+    np.testing.assert_allclose(latter["windows"]["bits"], bits, rtol=2e-5, atol=1e-5)
+    np.testing.assert_allclose(latter["loss"], loss, rtol=2e-6)
+    with pytest.raises(ValueError, match="scored_from=16 is invalid"):
+        evaluate_lib.evaluate(
+            model, pipeline.ArrayStream(tokens), batch_size=4, segment_len=16, mem_len=0,
+            scored_from=16,
+        )  # fmt: skip
 
 
 def test_sliding_windows_are_the_windows_in_order_whatever_the_batch():

@@ -7,13 +7,22 @@ tests/bench/bench_smoke_test.py."""
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-from experiments import ablation, extrapolation, extrapolation_tables, probes, recl_tables, sweep
+from experiments import (
+    ablation,
+    extrapolation,
+    extrapolation_tables,
+    latter_half_scoring,
+    probes,
+    recl_tables,
+    sweep,
+)
 from tests.helpers import ROOT
 
 
@@ -23,7 +32,7 @@ def experiment(name: str, *flags: str) -> list[str]:
 
 
 @pytest.mark.bench
-def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
+def test_bench_ablation_then_extrapolation_run(tiny, tmp_path, monkeypatch):
     config, _ = tiny
     sets = [
         "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
@@ -31,20 +40,41 @@ def test_bench_ablation_then_extrapolation_run(tiny, tmp_path):
         "data.segment_len=8", "data.batch_size=4",
     ]  # fmt: skip
     command = experiment(
-        "ablation", "--steps", "2", "--schemes", "rope", "--seeds", "0",
+        "ablation", "--steps", "2", "--schemes", "rope", "--seeds", "0", "--half-loss", "rope",
         "--runs", str(tmp_path / "runs"),
         "--out", str(tmp_path / "out"), *(f"--set={s}" for s in sets),
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| rope")]
-    assert len(rows) == 2 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
+    assert len(rows) == 5 and (tmp_path / "out" / "ablation.png").stat().st_size > 0
     results = sweep.load(tmp_path / "out" / "ablation.json")  # its windows read back beside it
-    assert [(r["memory"], r["seed"]) for r in results["runs"]] == [(128, 0), (0, 0)]
-    assert (tmp_path / "out" / "ablation.md").read_text() == ablation.render(results)
+    assert [(r["scheme"], r["memory"]) for r in results["runs"]] == [
+        ("rope", 128),
+        ("rope", 0),
+        ("rope+half", 0),
+    ]
+    table = (tmp_path / "out" / "ablation.md").read_text()
+    assert table == ablation.render(results)
     windows = results["runs"][0]["test_windows"]  # eval.py's, as the sweep keeps them
     assert windows["tokens"].sum() == round(windows["bits"].sum() / results["runs"][0]["test_bpc"])
-    assert "bootstrap interval" in (tmp_path / "out" / "ablation.md").read_text()
+    assert "bootstrap interval" in table
+    # without memory, each run's test split again on offsets 4-7 of its segments of 8, kept in it
+    assert results["runs"][0]["latter_half_windows"] is None
+    for run in results["runs"][1:]:
+        latter = run["latter_half_windows"]
+        assert latter["layout"].endswith("targets from offset 4")
+        assert 0.4 < latter["tokens"].sum() / windows["tokens"].sum() < 0.6
+        assert (pathlib.Path(run["workdir"]) / "latter_half.npz").is_file()
+    assert "[" in table.split("latter half of each segment |")[1]  # intervals, not ± sd
+    half = results["runs"][2]  # rope+half: no later sweep reads it
+    kept = sweep.Run("rope_half_mem0_seed0", pathlib.Path(half["workdir"]), "-", ())
+    monkeypatch.setattr(latter_half_scoring, "_measure", lambda run: pytest.fail("scored again"))
+    again = latter_half_scoring.windows(kept)  # kept for this training: read back, not scored
+    assert again["layout"] == half["latter_half_windows"]["layout"]
+    (kept.workdir / "eval.json").write_text(json.dumps({"step": 3, "test": {"bpc": 1.0}}))
+    with pytest.raises(pytest.fail.Exception, match="scored again"):  # trained again: scored again
+        latter_half_scoring.windows(kept)
 
     command = experiment(
         "extrapolation", "--schemes", "rope,t5", "--seeds", "0", "--steps", "2",

@@ -70,6 +70,36 @@ def test_the_ablation_compares_a_half_loss_row_on_the_positions_it_trained_on():
     assert not any(line.startswith("| txl | 64") for line in half[:5])  # rows without memory
 
 
+def test_the_half_loss_table_gives_intervals_where_the_runs_kept_latter_half_windows():
+    import numpy as np
+
+    results = _results()
+    results["runs"] += [
+        {"scheme": "sinusoid+half", "memory": 0, "seed": seed, "workdir": "runs/x", "test_bpc": 2.5}
+        for seed in range(3)
+    ]
+    hard = np.random.default_rng(0).gamma(4.0, 0.5, 40)  # each window's difficulty, per token
+    for run in results["runs"]:
+        run["bpc_by_position"] = [9.0, 9.0, 9.0, 9.0]  # not read where windows are kept
+        if run["memory"] == 0:
+            margin = 0.3 if run["scheme"] == "shaw" else 0.0
+            bits = (hard + margin + 0.01 * run["seed"]) * 32
+            run["latter_half_windows"] = {"bits": bits, "tokens": np.full(40, 32),
+                                          "layout": "segments of 64, 4 rows, 1280 targets from offset 32"}  # fmt: skip
+    table = ablation.render(results)
+    half = table.split("test bpc, latter half of each segment |")[0].splitlines()[-3]
+    assert "bootstrap interval" in half and "the 40 windows (segments of 64" in half
+    rows = table.split("test bpc, latter half of each segment |")[1].splitlines()[2:5]
+    point = float(np.mean(hard)) + 0.01
+    assert rows[0].startswith(f"| sinusoid+half | 0 | {point:.4f} [") or rows[0].startswith(
+        f"| txl | 0 | {point:.4f} ["
+    )
+    assert rows[2].startswith(f"| shaw | 0 | {point + 0.3:.4f} [")  # the highest, 0.3 above
+    shaw = [r for r in results["runs"] if r["scheme"] == "shaw" and r["memory"] == 0]
+    values, windows = ablation.latter_halves(shaw)
+    assert values[0] == pytest.approx(float(np.mean(hard)) + 0.3, rel=1e-12) and len(windows) == 3
+
+
 def test_the_ablation_tabulates_memorys_effect_as_training_grows():
     results = _results()
     results["settings"]["eval_tokens"] = 4096
