@@ -16,9 +16,9 @@ under ``--runs`` are reused, so a stopped sweep goes
 on where it stopped, and so are the runs that ``ablation.json`` in ``--out`` already holds for the
 same steps and overrides (their folders gone: another machine, a cleaned disk). Writes
 ``ablation.json`` (settings, commit, each run's test bpc; its test windows in
-``ablation_windows.npz``, and with ``--half-loss`` each run without memory's windows on the latter
-half of each segment, ``experiments.latter_half_scoring``) and renders ``ablation.md`` (mean [95 % bootstrap interval] over seeds
-and test windows, or mean ± sd for runs recorded without windows; the paper's WikiText-103
+``ablation_windows.npz``; with ``--half-loss``, the windows of the runs without memory on the latter
+half of each segment, ``experiments.latter_half_scoring``) and renders ``ablation.md`` (mean [95 %
+bootstrap interval] over seeds and test windows, or mean ± sd for runs recorded without windows; the paper's WikiText-103
 perplexities beside for reference; which differences are beyond chance: a paired interval that
 excludes zero, or twice the spread — ``compare.Compare``), ``ablation.png`` and ``ablation_positions.png``
 (test bpc against position in the segment, with and without memory) from it.
@@ -99,9 +99,10 @@ def _half_loss_lines(results: dict) -> list[str]:
                            {s: w for s, (_, w) in halves.items()})  # fmt: skip
     lines = [
         "A half-loss model never trained on the first half of a segment, which the test bpc above "
-        f"scores too; on the latter half ({rule.summary_rule}: each run's test split scored again "
-        "counting only the targets at offset half a segment or more, `experiments.latter_half_scoring`), "
-        "where every model without memory sees half a segment of context or more:",
+        f"scores too; on the latter half ({rule.summary_rule}: each run's test split scored "
+        "again counting only the targets at offset half a segment or more, "
+        "`experiments.latter_half_scoring`), where every model without memory sees half a "
+        "segment of context or more:",
         "",
         "| scheme | memory | test bpc, latter half of each segment |",
         "|---|---:|---:|",

@@ -56,9 +56,9 @@ def _measure(run: sweep.Run) -> dict:
     model, cfg, _ = restore_model(config, run.workdir)
     settings = EvalSettings.of(cfg)
     result = evaluate(
-        with_config(model, settings.model_config(cfg.model)), data.open_data(cfg.data, "test"), batch_size=settings.batch_size,
-        segment_len=settings.segment_len, mem_len=settings.mem_len,
-        scored_from=settings.segment_len // 2,
+        with_config(model, settings.model_config(cfg.model)), data.open_data(cfg.data, "test"),
+        batch_size=settings.batch_size, segment_len=settings.segment_len,
+        mem_len=settings.mem_len, scored_from=settings.segment_len // 2,
     )  # fmt: skip
     print(f"  {run.name}: latter half {result['bpc']:.4f}", flush=True)
     return result["windows"]

@@ -84,8 +84,8 @@ def test_the_half_loss_table_gives_intervals_where_the_runs_kept_latter_half_win
         if run["memory"] == 0:
             margin = 0.3 if run["scheme"] == "shaw" else 0.0
             bits = (hard + margin + 0.01 * run["seed"]) * 32
-            run["latter_half_windows"] = {"bits": bits, "tokens": np.full(40, 32),
-                                          "layout": "segments of 64, 4 rows, 1280 targets from offset 32"}  # fmt: skip
+            layout = "segments of 64, 4 rows, 1280 targets from offset 32"
+            run["latter_half_windows"] = {"bits": bits, "tokens": np.full(40, 32), "layout": layout}
     table = ablation.render(results)
     half = table.split("test bpc, latter half of each segment |")[0].splitlines()[-3]
     assert "bootstrap interval" in half and "the 40 windows (segments of 64" in half
