@@ -7,8 +7,8 @@ untrained-table confound: bpc against evaluation length.
 
 Trains each scheme without memory at segment ``--train-len`` (``configs/<scheme>_small.py``, one
 ``experiments.sweep`` run per scheme, variant and seed: reused when finished, listed by ``--dry-run``) and
-scores the test split (its first ``--tokens``, or 64 windows of L where that is more; 0: all of
-it, at least 64 windows of 32,768 with the default partition) at lengths L = train-len × factor, with no memory, two ways:
+scores the test split (its first ``--tokens``; 0: all of it, at least 64 windows of 32,768 with the
+default partition) at lengths L = train-len × factor, with no memory, two ways:
 
 - non-overlapping: the tokens cut into segments of L, each scored from scratch;
 - sliding window: windows of L moved by ``--stride`` (default L / 2), each scoring only its last
@@ -69,8 +69,8 @@ from experiments.common import (
     config_for,
     extrapolation_run_name,
 )
-from experiments.extrapolation_scoring import AT_LEAST_WINDOWS, labels_of, score
 from experiments.extrapolation_scoring import ROPE_EXTENSIONS as ROPE_EXTENSIONS  # the rows it adds
+from experiments.extrapolation_scoring import labels_of, score
 from experiments.extrapolation_tables import plot, render
 from relpos_jax.config import load_config
 from relpos_jax.positions.rope_stretch import yarn_betas
@@ -239,10 +239,7 @@ def main() -> None:
         "--fine-tune", type=options.listed(choices=FINE_TUNABLE), default="linear",
         help="the RoPE extensions fine-tuned at 2× … (linear: position interpolation)",
     )  # fmt: skip
-    parser.add_argument(
-        "--tokens", type=int, default=0,
-        help="test tokens scored at each length L, 64 windows of L at the least (0: all)",
-    )  # fmt: skip
+    parser.add_argument("--tokens", type=int, default=0, help="test tokens scored (0: all)")
     parser.add_argument("--stride", type=int, default=None, help="sliding; default: L / 2")
     parser.add_argument("--batch-tokens", type=int, default=32768)
     parser.add_argument(
@@ -281,7 +278,6 @@ def main() -> None:
         "settings": sweep.settings(
             ["experiments.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
             seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
-            at_least_windows=AT_LEAST_WINDOWS,
             extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
             sliding_up_to=args.sliding_up_to, scored_only=args.scored_only, models=args.models,
             sized_as_defaults=args.sized_as_defaults,

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -31,14 +30,6 @@ from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
 ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
 CACHE = "extrapolation.json"
 WINDOWS_FILE = "extrapolation_windows.npz"
-AT_LEAST_WINDOWS = 64
-"""Windows of L that every length L is scored on, at the least: ``--tokens`` grows to 64·L."""
-
-
-def tokens_at(length: int, tokens: int) -> int | None:
-    """The test tokens scored at ``length`` for ``--tokens``: the first ``tokens``, or
-    ``AT_LEAST_WINDOWS`` windows of ``length`` where that is more; None (0): the whole split."""
-    return max(tokens, AT_LEAST_WINDOWS * length) if tokens else None
 
 
 class Scored(NamedTuple):
@@ -55,7 +46,7 @@ def measure(model, stream, length: int, protocols, args) -> dict[str, dict]:
 
     batch = max(1, args.batch_tokens // length)
     stride = min(args.stride or max(1, length // 2), length)
-    tokens = tokens_at(length, args.tokens)
+    tokens = args.tokens or None  # 0: the whole split
     scorers = {
         "non-overlapping": lambda: evaluate(
             model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=tokens
@@ -83,17 +74,6 @@ def _array_key(label: str, protocol: str, length: str) -> str:
     return f"{label}|{protocol}|{length}"
 
 
-def _kept_lengths(stored: dict | None, key: dict) -> Callable[[str], bool] | None:
-    """Which lengths of a run's cache, kept under ``stored`` settings, hold for ``key``: all where
-    they are the same; where they predate ``AT_LEAST_WINDOWS`` (every length on ``tokens`` alone),
-    those whose ``tokens`` already held that many windows; None: start afresh."""
-    if stored == key:
-        return lambda length: True
-    if stored is not None and stored == {k: v for k, v in key.items() if k != "at_least_windows"}:
-        return lambda length: tokens_at(int(length), key["tokens"]) == (key["tokens"] or None)
-    return None
-
-
 class _Cells:
     """A run's scored cells, ``{label: {protocol: {L: …}}}`` of bpc and of windows, as kept in its
     folder for these ``key`` settings (tokens, stride, YaRN's β: others start afresh)."""
@@ -102,14 +82,10 @@ class _Cells:
         self.workdir, self.key = pathlib.Path(workdir), key
         path = self.workdir / CACHE
         stored = json.loads(path.read_text()) if path.exists() else {}
-        kept = _kept_lengths(stored.get("key"), key) or (lambda length: False)
-        in_kept = lambda table: {  # noqa: E731
-            label: {p: {n: v for n, v in by.items() if kept(n)} for p, by in by_protocol.items()}
-            for label, by_protocol in table.items()
-        }
-        self.bpc: dict = in_kept(stored.get("bpc", {}))
+        same = stored.get("key") == key
+        self.bpc: dict = stored["bpc"] if same else {}
         self.windows: dict = {}
-        layouts = in_kept(stored.get("windows", {}))
+        layouts = stored.get("windows", {}) if same else {}
         found = self.workdir / WINDOWS_FILE
         arrays = dict(np.load(found)) if layouts and found.is_file() else {}
         for label, by_protocol in layouts.items():
@@ -171,8 +147,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
 
-    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len),
-           "at_least_windows": AT_LEAST_WINDOWS}  # fmt: skip
+    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
     cells = _Cells(run.workdir, key)
     own = labels[0][0]
     model, copied = None, False

@@ -33,14 +33,8 @@ def _series(results: dict) -> tuple[dict, dict]:
     return series, windows
 
 
-def _scored(s: dict) -> str:
-    """The test tokens each length was scored on (``extrapolation_scoring.tokens_at``)."""
-    tokens, at_least = s["tokens"], s.get("at_least_windows")
-    if not tokens:
-        return "every test token"
-    longer = [n for n in s["lengths"] if at_least and at_least * n > tokens]
-    floor = f" ({at_least} windows of L from L = {min(longer):,} on)" if longer else ""
-    return f"the first {tokens:,} test tokens{floor}"
+def _scored(tokens: int) -> str:
+    return f"the first {tokens:,} test tokens" if tokens else "every test token"
 
 
 def _extension_settings(s: dict) -> str:
@@ -80,7 +74,7 @@ def render(results: dict) -> str:
         f"Command: `{s['command']}`  ",
         f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every scheme trained without memory at "
         f"length {s['train_len']} for {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}; "
-        f"scored with no memory on {_scored(s)}. Sized: position tables "
+        f"scored with no memory on {_scored(s['tokens'])}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
         "RoPE's extension X applied at evaluation, factor L / train length"
         f"{_extension_settings(s)}.{_fine_tune_settings(s)} {_summary_rule()}",

@@ -187,18 +187,3 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
     assert len(lines) == 3 and rescored["rope"].bpc == rope.bpc  # the same model, the same bpc
     assert set(rescored["rope"].windows["non-overlapping"]) == {"8", "16"}
     assert set(rescored["rope"].windows["sliding"]) == {"8"}  # sliding only up to 8
-
-    # a cache from before every length had 64 windows at the least (each on --tokens alone): the
-    # lengths that --tokens gave 64 windows are kept, the others scored again on 64 windows
-    assert [extrapolation_scoring.tokens_at(n, 96) for n in (1, 8, 16)] == [96, 512, 1024]
-    assert extrapolation_scoring.tokens_at(16, 0) is None  # 0: the whole split
-    older = json.loads(cache.read_text())
-    older["key"] = {**older["key"], "tokens": 512}
-    del older["key"]["at_least_windows"]
-    cache.write_text(json.dumps(older))
-    floored, lines = scored(tokens=512)
-    assert [line.split(" L=")[1].split(":")[0] for line in lines] == ["16", "16"]  # rope, rope+ntk
-    assert floored["rope"].bpc == rope.bpc  # L = 8 on 512 tokens, 16 on 1,024: as before
-    older["key"]["stride"] = 3  # other settings: every cell afresh
-    cache.write_text(json.dumps(older))
-    assert len(scored(tokens=512)[1]) == 3
