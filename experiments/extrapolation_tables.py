@@ -33,8 +33,14 @@ def _series(results: dict) -> tuple[dict, dict]:
     return series, windows
 
 
-def _scored(tokens: int) -> str:
-    return f"the first {tokens:,} test tokens" if tokens else "every test token"
+def _scored(s: dict) -> str:
+    """The test tokens every length was scored on, and the windows that makes at the longest."""
+    tokens, longest = s["tokens"], max(s["lengths"])
+    if not tokens:
+        return "every test token"
+    return (
+        f"the first {tokens:,} test tokens ({-(-tokens // longest):,} windows at L = {longest:,})"
+    )
 
 
 def _extension_settings(s: dict) -> str:
@@ -74,7 +80,7 @@ def render(results: dict) -> str:
         f"Command: `{s['command']}`  ",
         f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every scheme trained without memory at "
         f"length {s['train_len']} for {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}; "
-        f"scored with no memory on {_scored(s['tokens'])}. Sized: position tables "
+        f"scored with no memory on {_scored(s)}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
         "RoPE's extension X applied at evaluation, factor L / train length"
         f"{_extension_settings(s)}.{_fine_tune_settings(s)} {_summary_rule()}",
@@ -133,32 +139,37 @@ def _summary_rule() -> str:
 
 def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
     """What the non-overlapping scores show beyond chance, from the cells that hold every seed: each
-    row from its training length to the longest length it has (twice the larger spread over seeds:
-    each length scores other windows, so nothing pairs them), and the ranking at the longest length
-    where every row has them all (``compare.Compare``: paired on that length's windows where every
-    seed kept them)."""
+    row from its training length to the longest length it has, and the ranking at the longest
+    length where every row has them all (``compare.Compare``: the paired bootstrap where every seed
+    kept its windows, the two lengths paired on the blocks of the same tokens that both lengths'
+    windows end at; else twice the larger spread over seeds)."""
     seeds, train, protocol = len(s["seeds"]), str(s["train_len"]), "non-overlapping"
     complete = {
         row: [n for n in map(str, s["lengths"]) if len(by.get(protocol, {}).get(n, [])) == seeds]
         for row, by in series.items()
     }
     scores = lambda row, n: series[row][protocol][n]  # noqa: E731
-    mean = lambda row, n: compare.mean_sd(scores(row, n))[0]  # noqa: E731
-    along = []
+    along, rules = [], set()
     for row, lengths in complete.items():
         if train not in lengths or lengths[-1] == train:
             continue
         far = lengths[-1]
-        if compare.apart(scores(row, train), scores(row, far)):
-            verb = "rises" if mean(row, far) > mean(row, train) else "falls"
-            along.append(f"- {row}: {verb} from {mean(row, train):.3f} at L={train} to "
-                         f"{mean(row, far):.3f} at L={far}")  # fmt: skip
+        ends = compare.Compare(
+            {n: scores(row, n) for n in (train, far)},
+            {n: windows[row][protocol][n] for n in (train, far)}, shared_blocks=True,
+        )  # fmt: skip
+        rule = ends.difference_rule if ends.bootstrap else "beyond twice the larger spread"
+        rules.add(rule.removeprefix("whose "))
+        if ends.apart(far, train):
+            verb = "rises" if ends.mean(far) > ends.mean(train) else "falls"
+            along.append(f"- {row}: {verb} from {ends.mean(train):.3f} at L={train} to "
+                         f"{ends.mean(far):.3f} at L={far}{ends.difference_text(far, train, 3)}")  # fmt: skip
         else:
-            along.append(f"- {row}: L={train} to L={far} within the spread")
+            along.append(f"- {row}: L={train} to L={far} not apart")
     lines = [
         "",
-        "Each row from its trained length to its longest, beyond twice the larger spread over seeds "
-        "(non-overlapping, cells with every seed):",
+        "Each row from its trained length to its longest, where the two differ beyond chance "
+        f"({'; '.join(sorted(rules)) or 'no row'}; non-overlapping, cells with every seed):",
         "",
         *(along or ["- none"]),
     ]

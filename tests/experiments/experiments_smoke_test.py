@@ -218,8 +218,8 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     along, ranking = table.split("Each row from its trained length")[1].split("The ranking at")
     along = along.splitlines()
     assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in along
-    assert "- flat: L=128 to L=2048 within the spread" in along
-    assert "- partial: L=128 to L=512 within the spread" in along  # the longest with every seed
+    assert "- flat: L=128 to L=2048 not apart" in along
+    assert "- partial: L=128 to L=512 not apart" in along  # the longest with every seed
     ranking = ranking.splitlines()  # no windows kept: the spread rule
     assert ranking[0] == " L=512, neighbours beyond twice the larger spread (non-overlapping):"
     assert "- partial lower than flat, next in the ranking" in ranking

@@ -67,6 +67,11 @@ def test_the_table_gives_intervals_and_paired_rankings_where_every_seed_kept_win
     lo, hi = map(float, found[2].split(", "))
     assert lo < -0.01 < hi < 0  # 0.01 lower on every window, and noise
     assert table == extrapolation_tables.render(results)  # seeded: the same table every time
+    # from the trained length to the longest: the same tokens at both, paired (one seed each)
+    rise = re.search(
+        r"- alibi: rises from .* at L=8 to .* at L=32 \(difference \+0\.30\d \[", table
+    )
+    assert rise and "paired on the windows, excludes zero; non-overlapping" in table
 
     results["runs"][1]["bpc_windows"] = {}  # t5's run scored before windows were kept
     table = extrapolation_tables.render(results)
