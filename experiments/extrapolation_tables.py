@@ -162,8 +162,9 @@ def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
         rules.add(rule.removeprefix("whose "))
         if ends.apart(far, train):
             verb = "rises" if ends.mean(far) > ends.mean(train) else "falls"
+            change = ends.difference_text(far, train, 3)
             along.append(f"- {row}: {verb} from {ends.mean(train):.3f} at L={train} to "
-                         f"{ends.mean(far):.3f} at L={far}{ends.difference_text(far, train, 3)}")  # fmt: skip
+                         f"{ends.mean(far):.3f} at L={far}{change}")  # fmt: skip
         else:
             along.append(f"- {row}: L={train} to L={far} not apart")
     lines = [
