@@ -158,8 +158,7 @@ def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
             {n: scores(row, n) for n in (train, far)},
             {n: windows[row][protocol][n] for n in (train, far)}, shared_blocks=True,
         )  # fmt: skip
-        rule = ends.difference_rule if ends.bootstrap else "beyond twice the larger spread"
-        rules.add(rule.removeprefix("whose "))
+        rules.add(ends.difference_rule.removeprefix("whose "))
         if ends.apart(far, train):
             verb = "rises" if ends.mean(far) > ends.mean(train) else "falls"
             change = ends.difference_text(far, train, 3)

@@ -49,16 +49,13 @@ def windows(run: sweep.Run) -> dict | None:
 
 
 def _measure(run: sweep.Run) -> dict:
-    from relpos_jax import data
-    from relpos_jax.evaluate import EvalSettings, evaluate, restore_model, with_config
+    from relpos_jax.evaluate import EvalSettings, evaluate_split, restore_model
 
     config = load_config(ROOT / run.config, list(run.settings))
     model, cfg, _ = restore_model(config, run.workdir)
     settings = EvalSettings.of(cfg)
-    result = evaluate(
-        with_config(model, settings.model_config(cfg.model)), data.open_data(cfg.data, "test"),
-        batch_size=settings.batch_size, segment_len=settings.segment_len,
-        mem_len=settings.mem_len, scored_from=settings.segment_len // 2,
-    )  # fmt: skip
+    result = evaluate_split(
+        model, cfg, "test", settings=settings, scored_from=settings.segment_len // 2
+    )
     print(f"  {run.name}: latter half {result['bpc']:.4f}", flush=True)
     return result["windows"]

@@ -276,10 +276,11 @@ def evaluate_split(
     *,
     settings: EvalSettings | None = None,
     max_tokens: int | None = None,
+    scored_from: int = 0,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """``evaluate`` on a split of ``config.data`` with ``settings`` (default
-    ``EvalSettings.of(config)``)."""
+    ``EvalSettings.of(config)``), scoring the targets from offset ``scored_from`` of each segment."""
     settings = settings or EvalSettings.of(config)
     stream = data_lib.open_data(config.data, split)
     data_lib.check_vocab_size(stream, config.model.vocab_size)
@@ -290,6 +291,7 @@ def evaluate_split(
         segment_len=settings.segment_len,
         mem_len=settings.mem_len,
         max_tokens=max_tokens,
+        scored_from=scored_from,
         mesh=mesh,
     )
 
