@@ -209,9 +209,10 @@ def plot(results: dict, path: pathlib.Path) -> None:
 
     s, (series, _) = results["settings"], _series(results)
     colors = colormaps["tab20"].colors
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    for i, protocol in enumerate(PROTOCOLS):
-        ax = fig.add_subplot(1, 2, i + 1)
+    drawn = [p for p in PROTOCOLS if len(_shown_lengths(s, p)) > 1]  # a line needs two lengths
+    fig = Figure(figsize=(5.5 * len(drawn), 4), layout="constrained")
+    for i, protocol in enumerate(drawn):
+        ax = fig.add_subplot(1, len(drawn), i + 1)
         for k, (row, by_protocol) in enumerate(series.items()):
             lengths = sorted(int(n) for n in by_protocol.get(protocol, {}))
             means = [compare.mean_sd(by_protocol[protocol][str(n)])[0] for n in lengths]

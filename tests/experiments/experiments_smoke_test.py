@@ -233,6 +233,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
     [("results/ablation", "experiments.ablation"), ("results/recl", "experiments.recl_tables"),
      ("results/init_best", "experiments.init_best"),
      ("results/extrapolation", "experiments.extrapolation_tables"),
+     ("results/extrapolation_32k/extrapolation", "experiments.extrapolation_tables"),
      ("results/probe_needle", "experiments.probes"),
      ("results/txl_small", "experiments.txl_small"),
      ("results/earlier/ablation", "experiments.ablation"),
