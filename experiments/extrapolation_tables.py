@@ -209,7 +209,8 @@ def plot(results: dict, path: pathlib.Path) -> None:
 
     s, (series, _) = results["settings"], _series(results)
     colors = colormaps["tab20"].colors
-    drawn = [p for p in PROTOCOLS if len(_shown_lengths(s, p)) > 1]  # a line needs two lengths
+    # A protocol is drawn where it has a line (two lengths); non-overlapping where none has.
+    drawn = [p for p in PROTOCOLS if len(_shown_lengths(s, p)) > 1] or [PROTOCOLS[0]]
     fig = Figure(figsize=(5.5 * len(drawn), 4), layout="constrained")
     for i, protocol in enumerate(drawn):
         ax = fig.add_subplot(1, len(drawn), i + 1)

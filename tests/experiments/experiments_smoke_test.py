@@ -184,7 +184,7 @@ def test_extrapolation_sizes_only_the_tables_that_sizing_changes():
     assert not any(extrapolation.sized_as_defaults(s, 128) for s in ("shaw", "deberta"))
 
 
-def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_protocols():
+def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_protocols(tmp_path):
     settings = {
         "command": "python -m experiments.extrapolation", "commit": "abc", "machine": "m", "date": "d",
         "train_len": 128, "steps": 5, "seeds": [0], "lengths": [256], "tokens": 512,
@@ -196,6 +196,8 @@ def test_extrapolation_table_names_a_repeated_variant_and_leaves_out_empty_proto
     assert "| alibi | 2.700" in table and "**sliding**" not in table
     assert "No sized row for t5" in table
     assert "still to be scored" not in table  # --scored-only, but every cell holds every seed
+    extrapolation_tables.plot({"settings": settings, "runs": runs}, tmp_path / "one_length.png")
+    assert (tmp_path / "one_length.png").stat().st_size > 0  # one panel: no protocol has a line
 
 
 def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
