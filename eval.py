@@ -54,7 +54,10 @@ def main(argv: list[str]) -> None:
             raise
         cli.exit_with_device_failure(explained, workdir)
     results["step"] = step
-    results["data"] = {"name": config.data.name, "partition": config.data.partition}
+    results["data"] = {
+        "name": config.data.name, "partition": config.data.partition,
+        "python": config.data.corpus_python,
+    }  # fmt: skip
     if jax.process_index() == 0:
         save_results(workdir, results)
         running.unlink(missing_ok=True)

@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
     #   else bytes; symbols: enwik8 / text8 numbered as the official code, for its released models)
     d.vocab = config_dict.placeholder(str)  # words: vocabulary file (one per line), not train's
     d.partition = "dedup"  # pystdlib: dedup (near-duplicates in train, valid ≈ test) | hash (older)
+    d.python = config_dict.placeholder(str)  # pystdlib: whose standard library, "3.11" (None: this
+    #   Python's); another version's is read from data.dir, where that Python built it
     d.dir = config_dict.placeholder(
         str
     )  # where built datasets live (default ~/.cache/relpos_jax/tfds)

@@ -27,6 +27,10 @@ from bench import measure
 from bench.measure import ROOT
 from experiments.compare import WINDOWS
 
+# pystdlib's Python where a result predates recording it: every one of them was measured on the
+# project's CPU machine, whose Python is 3.11 (a GPU machine's 3.12 has another standard library)
+PYTHON_BEFORE_RECORDED = "3.11"
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -53,23 +57,28 @@ class Run:
         return [["python", "train.py", *flags], ["python", "eval.py", *flags, *self.eval_flags]]
 
     def result(self, steps: int) -> dict | None:
-        """The run's ``eval.json`` if it finished ``steps`` steps on the corpus partition its
-        settings name, else None."""
+        """The run's ``eval.json`` if it finished ``steps`` steps on the corpus its settings name
+        (for pystdlib, the same partition and Python), else None."""
         done = self.workdir / "eval.json"
         if done.exists():
             result = json.loads(done.read_text())
-            if result.get("step") == steps and self._same_partition(result):
+            if result.get("step") == steps and self._same_corpus(result):
                 return result
         return None
 
-    def _same_partition(self, result: dict) -> bool:
-        """Whether ``eval.json`` was measured on the pystdlib partition this run asks for (one
-        without the field predates partitions: "hash")."""
+    def _same_corpus(self, result: dict) -> bool:
+        """Whether ``eval.json`` was measured on the pystdlib partition and Python this run asks
+        for (one without the fields predates them: "hash", ``PYTHON_BEFORE_RECORDED``)."""
         from relpos_jax.config import load_config
+        from relpos_jax.data import corpora
 
         data = load_config(ROOT / self.config, list(self.settings)).data
-        recorded = result.get("data", {}).get("partition", "hash")
-        return data.name != "pystdlib" or recorded == data.partition
+        recorded = result.get("data", {})
+        python = corpora.stdlib_python(data.name, data.python)
+        return data.name != "pystdlib" or (
+            recorded.get("partition", "hash") == data.partition
+            and recorded.get("python", PYTHON_BEFORE_RECORDED) == python
+        )
 
 
 def validation_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
@@ -148,6 +157,7 @@ def settings(command: Sequence[str], **more) -> dict:
         "machine": measure.machine(),
         "date": datetime.date.today().isoformat(),
         "partition": partition_of(command),
+        "python": python_of(command),
         **more,
     }
 
@@ -161,10 +171,20 @@ def partition_of(command: Sequence[str]) -> str:
     return given[-1] if given else defaults().data.partition
 
 
+def python_of(command: Sequence[str]) -> str:
+    """The Python whose standard library a sweep's runs read (``--set data.python=…``), else this
+    one's."""
+    from relpos_jax.data import corpora
+
+    given = [a.rsplit("data.python=", 1)[1] for a in command if "data.python=" in a]
+    return given[-1] if given else corpora.running_python()
+
+
 def partition_text(settings: dict) -> str:
-    """The partition a sweep's results were measured on, for its table ("hash" where the JSON
-    predates the field)."""
-    return f"pystdlib partition `{settings.get('partition', 'hash')}`"
+    """The corpus a sweep's results were measured on, for its table: pystdlib's Python and
+    partition ("hash" and ``PYTHON_BEFORE_RECORDED`` where the JSON predates the fields)."""
+    python = settings.get("python", PYTHON_BEFORE_RECORDED)
+    return f"pystdlib of Python {python}, partition `{settings.get('partition', 'hash')}`"
 
 
 def load(path: pathlib.Path) -> dict | None:
@@ -226,6 +246,8 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
         return {}
     if settings.get("partition", "hash") != partition_of(sys.argv[1:]):
         return {}  # measured on another split of the corpus
+    if settings.get("python", PYTHON_BEFORE_RECORDED) != python_of(sys.argv[1:]):
+        return {}  # on another Python's standard library: another corpus
     return {
         tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
     }

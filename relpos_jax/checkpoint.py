@@ -43,7 +43,9 @@ MUST_MATCH = {
         "position", "vocab_size", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "mem_len",
         "pre_norm", "tie_embeddings", "output_bias",
     ),
-    "data": ("name", "path", "tokens", "vocab", "partition", "segment_len", "batch_size"),
+    "data": (
+        "name", "path", "tokens", "vocab", "partition", "python", "segment_len", "batch_size",
+    ),
 }  # fmt: skip
 
 
@@ -83,6 +85,7 @@ def sections(config: Any) -> dict[str, dict[str, Any]]:
     scheme = schemes.get(config.model.position)
     own = scheme.settings(config.model) if scheme.must_match else {}
     saved["model"].update({f"{scheme.name}.{field}": own[field] for field in scheme.must_match})
+    saved["data"]["python"] = config.data.corpus_python  # pystdlib's, resolved (unset: this one)
     return saved
 
 
@@ -99,7 +102,8 @@ def _today(saved: dict[str, Any], state: Any, stack: Any = np.stack) -> dict[str
 
 def _saved_value(saved: Mapping, section: str, field: str, value: Any) -> Any:
     """What a checkpoint's config held for a field; for pystdlib's partition, which older
-    checkpoints did not record, the one they ran with ("hash"); it means nothing for other corpora."""
+    checkpoints did not record, the one they ran with ("hash"); it means nothing for other corpora.
+    Older checkpoints did not record pystdlib's Python either: any is taken to match."""
     data = saved.get("data", {})
     if (section, field) == ("data", "partition"):
         return data.get(field, "hash") if data.get("name") == "pystdlib" else value

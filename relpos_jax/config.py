@@ -169,6 +169,7 @@ class DataConfig(Section):
     tokens: str | None
     vocab: str | None
     partition: str
+    python: str | None
     segment_len: int
     batch_size: int
 
@@ -178,10 +179,19 @@ class DataConfig(Section):
         try:
             corpora.check_source(self.name, self.tokens)
             corpora.check_partition(self.partition)
+            corpora.check_python(self.python)
         except corpora.DataError as error:  # the config's own kind of error, the same line
             raise ConfigError(str(error)) from None
         at_least("data.segment_len", self.segment_len, 1)
         at_least("data.batch_size", self.batch_size, 1)
+
+    @property
+    def corpus_python(self) -> str | None:
+        """pystdlib: the Python whose standard library is the corpus (``python``, else this one);
+        None for the other corpora."""
+        from relpos_jax.data import corpora
+
+        return corpora.stdlib_python(self.name, self.python)
 
 
 @section("train")

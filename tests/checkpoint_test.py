@@ -224,6 +224,23 @@ def test_pystdlib_checkpoints_from_before_partitions_resume_only_with_the_hash_p
     assert saved_value(older, "model", "d_model", 64) == 64  # a field it did not record
 
 
+def test_a_pystdlib_checkpoint_records_whose_standard_library_it_was_trained_on(monkeypatch):
+    from relpos_jax.config import Config, load_config
+    from relpos_jax.data import corpora
+
+    monkeypatch.setattr(corpora, "running_python", lambda: "3.12")
+    unset = Config.from_any(load_config(ROOT / "configs/txl_small.py"))
+    assert checkpoint.sections(unset)["data"]["python"] == "3.12"  # resolved: this Python's
+    pinned = Config.from_any(load_config(ROOT / "configs/txl_small.py", ["data.python=3.11"]))
+    assert checkpoint.sections(pinned)["data"]["python"] == "3.11"
+    text = Config.from_any(load_config(ROOT / "configs/txl_small.py", ["data.name=text"]))
+    assert checkpoint.sections(text)["data"]["python"] is None  # means nothing there
+    saved = {"data": {"name": "pystdlib", "partition": "dedup", "python": "3.11"}}
+    assert checkpoint._saved_value(saved, "data", "python", "3.12") == "3.11"  # refused: differs
+    older = {"data": {"name": "pystdlib", "partition": "dedup"}}  # before the field: any matches
+    assert checkpoint._saved_value(older, "data", "python", "3.12") == "3.12"
+
+
 def test_checkpoints_from_before_scheme_settings_are_read_under_their_flat_names():
     saved_value = checkpoint._saved_value
     older = {"model": {"shaw_max_distance": 3, "untie_r": True}}  # before model.<scheme>.<field>

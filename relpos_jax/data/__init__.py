@@ -27,14 +27,18 @@ def open_split(
     tokens: str | None = None,
     vocab: str | None = None,
     partition: str = "dedup",
+    python: str | None = None,
 ) -> TokenStream:
     """The token stream of ``split`` (train / valid / test) of corpus ``name``: bytes, word ids
     (``tokens="words"``, the default for WikiText) or enwik8's / text8's official symbols
     (``tokens="symbols"``), the latter two with the stream's ``vocabulary``; ``partition``: how
-    pystdlib's files are divided into the splits."""
+    pystdlib's files are divided into the splits; ``python``: whose standard library (None: this
+    Python's)."""
     if split not in SPLITS:
         raise DataError(f"split={split!r} is invalid; use one of {SPLITS}")
-    builder = build(name, path, data_dir, tokens=tokens, vocab=vocab, partition=partition)
+    builder = build(
+        name, path, data_dir, tokens=tokens, vocab=vocab, partition=partition, python=python
+    )
     source = builder.as_data_source(split)
     if isinstance(builder, WordCorpus):
         return TokenStream(source, CHUNK, "ids", Vocabulary(builder.info.metadata["vocab"]))
@@ -46,7 +50,7 @@ def open_data(data_config, split: str) -> TokenStream:
     d = data_config
     return open_split(
         d.name, split, path=d.path, data_dir=d.dir, tokens=d.tokens, vocab=d.vocab,
-        partition=d.partition,
+        partition=d.partition, python=d.python,
     )  # fmt: skip
 
 

@@ -37,6 +37,7 @@ class CorpusConfig(tfds.core.BuilderConfig):
     vocab: str | None = None  # words: a vocabulary file instead of the train-built one
     tokens: str = "bytes"  # bytes | words | symbols (enwik8 / text8 numbered the official way)
     partition: str = "dedup"  # pystdlib: how its files are divided (corpora.PARTITIONS)
+    python: str | None = None  # pystdlib: whose standard library (None: this Python's)
 
 
 def _records(pieces, dtype, size=CHUNK):
@@ -156,10 +157,14 @@ class WordCorpus(tfds.core.GeneratorBasedBuilder):
 
 
 def config_name(
-    name: str, path: str | None, vocab: str | None = None, partition: str = "dedup"
+    name: str,
+    path: str | None,
+    vocab: str | None = None,
+    partition: str = "dedup",
+    python: str | None = None,
 ) -> str:
     if name == "pystdlib":  # "hash" keeps the name it had before partitions had names
-        return corpora.pystdlib_name() + ("" if partition == "hash" else f"_{partition}")
+        return corpora.pystdlib_name(python) + ("" if partition == "hash" else f"_{partition}")
     if name.startswith("probe:"):  # the generator's version: a change rebuilds
         return name.replace(":", "_").replace("-", "to") + f"_v{probes.VERSION}"
     if name.startswith("tfds:"):
@@ -194,11 +199,15 @@ def build(
     tokens: str | None = None,
     vocab: str | None = None,
     partition: str = "dedup",
+    python: str | None = None,
 ) -> ByteCorpus | WordCorpus:
     """The prepared builder of corpus ``name`` (built on first use), byte- or word-level;
-    ``partition``: how pystdlib's files are divided (``corpora.PARTITIONS``)."""
+    ``partition``: how pystdlib's files are divided (``corpora.PARTITIONS``); ``python``: whose
+    standard library it is (None: this Python's; another one's must be prepared in ``data_dir``)."""
     corpora.check_source(name, tokens)
     corpora.check_partition(partition)
+    corpora.check_python(python)
+    python = python if name == "pystdlib" else None  # it means nothing for the other corpora
     kind = level(name, tokens)
     if name.startswith("probe:"):
         probes.parse(name)  # a one-line error for a malformed probe name
@@ -210,13 +219,14 @@ def build(
         words.read_vocabulary(vocab)  # fail early, in one line
     _quiet()
     config = CorpusConfig(
-        name=config_name(name, path, vocab if word_level else None, partition)
+        name=config_name(name, path, vocab if word_level else None, partition, python)
         + ("_symbols" if kind == "symbols" else ""),
         corpus=name,
         path=path,
         vocab=vocab if word_level else None,
         tokens=kind,
         partition=partition,
+        python=python,
         version="1.0.0",
     )
     root = str(data_dir or DEFAULT_DIR)  # a string: pathlib would fold gs:// into gs:/
@@ -228,6 +238,13 @@ def build(
     prepared = builder()
     if prepared.is_prepared():
         return prepared
+    if python not in (None, corpora.running_python()):
+        raise corpora.DataError(
+            f"data.python={python!r} is invalid here; {config.name} is not prepared in {root} and "
+            f"this is Python {corpora.running_python()}: copy {str(prepared.data_dir).rsplit('/', 1)[0]} "
+            f"from a machine "
+            f"where Python {python} built it, or leave data.python unset"
+        )
     with _preparing(lock_path(root, config.name)):  # concurrent runs of a sweep build it once
         prepared = builder()  # another process may have built it while this one waited
         if not prepared.is_prepared():

@@ -2,7 +2,9 @@
 
 * ``pystdlib`` — the embedded default: the running Python's standard-library sources (tests
   excluded), split by file. Real, structured text with long-range dependencies, on every machine, no
-  download. The Python version is part of its name. ``data.partition`` says how its files are
+  download. The Python version is part of its name: ``data.python`` names another version's
+  (``"3.11"``), read from ``data.dir`` where it was built by that Python (the same corpus on a
+  machine with another Python: copy its folder there). ``data.partition`` says how its files are
   divided: ``dedup`` (the default, ``partition.py``: near-duplicate files all in train, valid and
   test of equal zlib difficulty, test at least 64 windows of 32,768 bytes) or ``hash`` (about
   90/5/5 by a stable hash of the relative path, the partition of results recorded before
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
+import re
 import sys
 import sysconfig
 import zipfile
@@ -68,8 +71,29 @@ def check_source(name: str, tokens: str | None) -> None:
         )
 
 
-def pystdlib_name() -> str:
-    return f"pystdlib_py{sys.version_info.major}{sys.version_info.minor}"
+def running_python() -> str:
+    """This interpreter's version, ``"3.11"``: whose standard library pystdlib reads."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def check_python(python: str | None) -> None:
+    """A one-line DataError for a ``data.python`` that is not a version such as ``"3.11"``."""
+    if python is not None and not re.fullmatch(r"3\.[0-9]+", str(python)):
+        raise DataError(
+            f"data.python={python!r} is invalid; use a Python version such as '3.11' (pystdlib of "
+            "that Python, prepared in data.dir), or leave it unset for this Python's"
+        )
+
+
+def stdlib_python(name: str, python: str | None) -> str | None:
+    """The Python whose standard library corpus ``name`` is, ``data.python`` resolved (unset: this
+    one); None where ``name`` is not pystdlib."""
+    return (python or running_python()) if name == "pystdlib" else None
+
+
+def pystdlib_name(python: str | None = None) -> str:
+    """``pystdlib_py311``: the corpus of Python ``python``'s standard library (None: this one's)."""
+    return f"pystdlib_py{(python or running_python()).replace('.', '')}"
 
 
 def _is_test_path(parts: tuple[str, ...]) -> bool:

@@ -252,3 +252,24 @@ def test_concurrent_runs_build_a_corpus_once(text_corpus, tmp_path):
 def test_buckets_get_no_lock_file_and_keep_their_scheme():
     assert builders.lock_path("gs://bucket/tfds", "text_1") is None
     assert str(builders.lock_path("/data/tfds", "text_1")) == "/data/tfds/text_1.lock"
+
+
+def test_another_pythons_pystdlib_is_read_where_that_python_prepared_it(tmp_path, monkeypatch):
+    files = corpora.pystdlib_files()[:40]  # a small pystdlib, built in seconds
+    monkeypatch.setattr(corpora, "pystdlib_files", lambda: files)
+    here = corpora.running_python()
+    built = data.open_split("pystdlib", "train", data_dir=str(tmp_path), partition="hash")
+    assert builders.config_name("pystdlib", None, partition="hash", python=here) == (
+        builders.config_name("pystdlib", None, partition="hash")
+    )  # data.python set to this Python's: the same corpus
+    monkeypatch.setattr(corpora, "running_python", lambda: "3.99")  # now on another Python
+    read = data.open_split(
+        "pystdlib", "train", data_dir=str(tmp_path), partition="hash", python=here
+    )
+    assert len(read) == len(built) > 0
+    np.testing.assert_array_equal(read.read(0, len(read)), built.read(0, len(built)))
+    with pytest.raises(data.DataError) as error:  # a version nobody prepared there
+        data.open_split("pystdlib", "train", data_dir=str(tmp_path), python="3.12")
+    message = str(error.value)
+    assert message.startswith("data.python='3.12' is invalid here; pystdlib_py312_dedup is not")
+    assert "this is Python 3.99" in message and "\n" not in message

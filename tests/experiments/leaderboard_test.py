@@ -52,7 +52,7 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert "| none |" not in table  # no sweep ran it: no row
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
     source = "- test bpc: `python -m experiments.ablation` (commit abc1234, 2026-12-03, "
-    assert source + "pystdlib partition `hash`)" in table  # recorded before partitions were
+    assert source + "pystdlib of Python 3.11, partition `hash`)" in table  # before the fields
     full = leaderboard.render(*_full(tmp_path / "full"))
     assert _row(full, "learned", "no")[1:4] == [leaderboard.NOT_APPLICABLE] * 3  # clamped table
     assert leaderboard.NOT_MEASURED not in full

@@ -302,3 +302,27 @@ def test_a_run_measured_on_another_corpus_partition_is_not_reused(tmp_path):
     results = {**_results(), "settings": {**_results()["settings"], "partition": "hash"}}
     sweep.write(tmp_path / "ablation.json", results)
     assert not sweep.recorded(tmp_path / "ablation.json", ("scheme",))  # this sweep: dedup
+
+
+def test_a_run_measured_on_another_pythons_standard_library_is_not_reused(tmp_path, monkeypatch):
+    from relpos_jax.data import corpora
+
+    run = sweep.Run("a", tmp_path / "a", "configs/txl_small.py", ())
+    run.workdir.mkdir()
+    older = {"step": 7, "test": {"bpc": 2.0}, "data": {"name": "pystdlib", "partition": "dedup"}}
+    (run.workdir / "eval.json").write_text(json.dumps(older))  # before the field: Python 3.11
+    monkeypatch.setattr(corpora, "running_python", lambda: "3.11")
+    assert run.result(7) == older
+    results = _results()
+    del results["settings"]["python"]  # a JSON from before the field, too
+    sweep.write(tmp_path / "ablation.json", results)
+    assert sweep.recorded(tmp_path / "ablation.json", ("scheme",))
+    assert sweep.settings(["x"])["python"] == "3.11"
+    assert sweep.partition_text(results["settings"]) == "pystdlib of Python 3.11, partition `dedup`"
+    monkeypatch.setattr(corpora, "running_python", lambda: "3.12")  # a GPU machine's image
+    assert run.result(7) is None and not sweep.recorded(tmp_path / "ablation.json", ("scheme",))
+    pinned = sweep.Run("a", tmp_path / "a", "configs/txl_small.py", ("data.python=3.11",))
+    assert pinned.result(7) == older  # the same corpus, read from where 3.11 prepared it
+    monkeypatch.setattr(sys, "argv", ["ablation", "--set", "data.python=3.11"])
+    assert sweep.recorded(tmp_path / "ablation.json", ("scheme",))
+    assert sweep.settings(sys.argv)["python"] == "3.11"
