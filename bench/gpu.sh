@@ -7,7 +7,8 @@
 #                                # 0 … 4,096 against tiled and cuDNN, under 8 minutes: gpu_kernels.*
 #
 # 1. If .whl/ holds wheels (bash bench/gpu_wheels.sh fills it where pip reaches the index), installs
-#    them with pip --no-index into /tmp/site; relpos_jax runs from this checkout (PYTHONPATH).
+#    them with pip --no-index into /tmp/site; relpos_jax runs from this checkout (PYTHONPATH;
+#    bench/device_env.sh).
 # 2. One process a table, each under `timeout` and within the run's time budget, so that a table
 #    that fails or hangs costs only itself: `python -m bench.gpu --table training|depth|profile|
 #    attention` merges its rows into gpu.json as it goes (see bench/gpu.py), the kernel tests on
@@ -41,28 +42,10 @@ rm -f "$JSON" "$LOG" /tmp/gpu_bench_*.log
 start=$SECONDS
 say() { echo "[gpu.sh $((SECONDS - start)) s] $*" | tee -a "$LOG"; }
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  say "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into /tmp/site"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" = 0 ] || say "pip could not install .whl/ (above); going on without it"
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+device_env "$LOG"  # .whl/'s wheels, PYTHONPATH, the compilation cache (bench/device_env.sh)
 export GPU_BENCH_COMMAND="bash bench/gpu.sh${1:+ $1}"
-if ! $PY -c "import relpos_jax.data" >/tmp/gpu_bench_import.log 2>&1; then
-  # The carried protobuf, only where the image's cannot load the carried generated code.
-  if compgen -G ".whl/extra/*.whl" >/dev/null; then
-    say "relpos_jax.data does not import: $(tail -n1 /tmp/gpu_bench_import.log); adding .whl/extra"
-    rm -rf /tmp/site
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .whl/extra/*.whl 2>&1 | tee -a "$LOG"
-  fi
-  $PY -c "import relpos_jax.data" >/tmp/gpu_bench_import.log 2>&1 \
-    || say "relpos_jax.data does not import (the kernel tests need it): $(tail -n1 /tmp/gpu_bench_import.log)"
-fi
 say "$($PY -c 'import jax; d = jax.devices()[0]; print(f"{d.device_kind} ({jax.default_backend()}), jax {jax.__version__}")' 2>&1 | tail -n1); budget ${BUDGET} s"
 
 limit_for() {  # the table's cap, or what is left of the budget if less
