@@ -238,12 +238,12 @@ def build(
     prepared = builder()
     if prepared.is_prepared():
         return prepared
-    if python not in (None, corpora.running_python()):
+    if python not in (None, corpora.running_python()):  # this Python cannot build it
+        folder = str(prepared.data_dir).rsplit("/", 1)[0]  # the corpus's, above its version's
         raise corpora.DataError(
             f"data.python={python!r} is invalid here; {config.name} is not prepared in {root} and "
-            f"this is Python {corpora.running_python()}: copy {str(prepared.data_dir).rsplit('/', 1)[0]} "
-            f"from a machine "
-            f"where Python {python} built it, or leave data.python unset"
+            f"this is Python {corpora.running_python()}: copy {folder} from a machine where "
+            f"Python {python} built it, or leave data.python unset"
         )
     with _preparing(lock_path(root, config.name)):  # concurrent runs of a sweep build it once
         prepared = builder()  # another process may have built it while this one waited
