@@ -32,8 +32,9 @@ from relpos_jax.data import builders, corpora
 
 built = pathlib.Path(builders.build("pystdlib").data_dir).parent  # built here on first use
 target = pathlib.Path(".data") / built.parent.name / built.name
-shutil.rmtree(target, ignore_errors=True)
-shutil.copytree(built, target)
+if target.resolve() != built.resolve():  # not where RELPOS_DATA_DIR=.data already built it
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(built, target)
 (pathlib.Path(".data") / "PYTHON").write_text(corpora.running_python() + "\n")
 print(f"{target}: pystdlib of Python {corpora.running_python()}")
 PREPARE
