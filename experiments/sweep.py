@@ -68,17 +68,13 @@ class Run:
 
     def _same_corpus(self, result: dict) -> bool:
         """Whether ``eval.json`` was measured on the pystdlib partition and Python this run asks
-        for (one without the fields predates them: "hash", ``PYTHON_BEFORE_RECORDED``)."""
+        for (``recorded_corpus``)."""
         from relpos_jax.config import load_config
         from relpos_jax.data import corpora
 
         data = load_config(ROOT / self.config, list(self.settings)).data
-        recorded = result.get("data", {})
-        python = corpora.stdlib_python(data.name, data.python)
-        return data.name != "pystdlib" or (
-            recorded.get("partition", "hash") == data.partition
-            and recorded.get("python", PYTHON_BEFORE_RECORDED) == python
-        )
+        asked = (data.partition, corpora.stdlib_python(data.name, data.python))
+        return data.name != "pystdlib" or recorded_corpus(result.get("data", {})) == asked
 
 
 def validation_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
@@ -162,13 +158,19 @@ def settings(command: Sequence[str], **more) -> dict:
     }
 
 
+def _overridden(command: Sequence[str], field: str) -> str | None:
+    """The value the last ``--set <field>=…`` of a sweep's command line gives, or None."""
+    given = [a.rsplit(f"{field}=", 1)[1] for a in command if f"{field}=" in a]
+    return given[-1] if given else None
+
+
 def partition_of(command: Sequence[str]) -> str:
     """The pystdlib partition (``data.partition``) a sweep's command line sets for its runs (``--set
     data.partition=…``), else configs/base.py's default."""
     from relpos_jax.config import defaults
 
-    given = [a.rsplit("data.partition=", 1)[1] for a in command if "data.partition=" in a]
-    return given[-1] if given else defaults().data.partition
+    given = _overridden(command, "data.partition")
+    return given if given is not None else defaults().data.partition
 
 
 def python_of(command: Sequence[str]) -> str:
@@ -176,15 +178,22 @@ def python_of(command: Sequence[str]) -> str:
     one's."""
     from relpos_jax.data import corpora
 
-    given = [a.rsplit("data.python=", 1)[1] for a in command if "data.python=" in a]
-    return given[-1] if given else corpora.running_python()
+    given = _overridden(command, "data.python")
+    return given if given is not None else corpora.running_python()
+
+
+def recorded_corpus(fields: dict) -> tuple[str, str]:
+    """(partition, Python) of the pystdlib a result was measured on, as a sweep's settings or an
+    ``eval.json``'s ``data`` record them; where they predate a field: "hash",
+    ``PYTHON_BEFORE_RECORDED``."""
+    return fields.get("partition", "hash"), fields.get("python", PYTHON_BEFORE_RECORDED)
 
 
 def partition_text(settings: dict) -> str:
     """The corpus a sweep's results were measured on, for its table: pystdlib's Python and
-    partition ("hash" and ``PYTHON_BEFORE_RECORDED`` where the JSON predates the fields)."""
-    python = settings.get("python", PYTHON_BEFORE_RECORDED)
-    return f"pystdlib of Python {python}, partition `{settings.get('partition', 'hash')}`"
+    partition (``recorded_corpus``)."""
+    partition, python = recorded_corpus(settings)
+    return f"pystdlib of Python {python}, partition `{partition}`"
 
 
 def load(path: pathlib.Path) -> dict | None:
@@ -244,10 +253,8 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
     settings = earlier["settings"]
     if any(settings.get(name) != value for name, value in same.items()):
         return {}
-    if settings.get("partition", "hash") != partition_of(sys.argv[1:]):
-        return {}  # measured on another split of the corpus
-    if settings.get("python", PYTHON_BEFORE_RECORDED) != python_of(sys.argv[1:]):
-        return {}  # on another Python's standard library: another corpus
+    if recorded_corpus(settings) != (partition_of(sys.argv[1:]), python_of(sys.argv[1:])):
+        return {}  # another split of the corpus, or another Python's standard library
     return {
         tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
     }
