@@ -2,10 +2,12 @@
 evaluation windows under each protocol, kept in the run's folder as they are measured.
 
 A run's rows (``labels_of``): its scheme, and for RoPE each length extension applied at evaluation.
-Each (row, protocol, length) cell keeps its bpc in the run's ``extrapolation.json`` and its windows
-(each segment row's, or each sliding window's, summed bits and scored tokens, as
-``relpos_jax.evaluate`` returns them) in ``extrapolation_windows.npz`` beside it, both written whole
-and then renamed into place, the windows first. A stopped sweep goes on from the next cell; a cell
+Each (row, protocol, length) cell keeps its bpc in the run's ``extrapolation_<digest>.json`` and its
+windows (each segment row's, or each sliding window's, summed bits and scored tokens, as
+``relpos_jax.evaluate`` returns them) in ``extrapolation_windows_<digest>.npz`` beside it, both
+written whole and then renamed into place, the windows first; ``<digest>`` names the scoring
+settings (tokens, stride, YaRN's β: ``cache_files``), so cells scored with other settings (the first
+131,072 tokens, the whole split) stay side by side. A stopped sweep goes on from the next cell; a cell
 scored before windows were kept is scored again (``--scored-only`` tabulates it as it is), so that
 every cell of the tables can carry a bootstrap interval, paired across the rows scored on the same
 tokens (``experiments.compare``).
@@ -14,6 +16,7 @@ tokens (``experiments.compare``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import time
@@ -28,8 +31,8 @@ from relpos_jax.config import load_config
 from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
 
 ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
-CACHE = "extrapolation.json"
-WINDOWS_FILE = "extrapolation_windows.npz"
+LEGACY_CACHE = "extrapolation.json"  # one file for one key: written before the files were per key
+LEGACY_WINDOWS_FILE = "extrapolation_windows.npz"
 
 
 class Scored(NamedTuple):
@@ -74,19 +77,33 @@ def _array_key(label: str, protocol: str, length: str) -> str:
     return f"{label}|{protocol}|{length}"
 
 
+def cache_files(workdir: pathlib.Path, key: dict) -> tuple[pathlib.Path, pathlib.Path]:
+    """The run's cells scored with the settings ``key``: (their bpc's JSON, their windows' npz)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return workdir / f"extrapolation_{digest}.json", workdir / f"extrapolation_windows_{digest}.npz"
+
+
+def _stored(workdir: pathlib.Path, key: dict) -> tuple[dict, pathlib.Path]:
+    """What the run's folder keeps for ``key`` (its JSON, {} if none) and where its windows are:
+    the files of ``key``, else the single pair written before the files were per key, if its key is
+    ``key``."""
+    cache, windows = cache_files(workdir, key)
+    if not cache.exists() and (workdir / LEGACY_CACHE).exists():
+        cache, windows = workdir / LEGACY_CACHE, workdir / LEGACY_WINDOWS_FILE
+    stored = json.loads(cache.read_text()) if cache.exists() else {}
+    return (stored if stored.get("key") == key else {}), windows
+
+
 class _Cells:
     """A run's scored cells, ``{label: {protocol: {L: …}}}`` of bpc and of windows, as kept in its
-    folder for these ``key`` settings (tokens, stride, YaRN's β: others start afresh)."""
+    folder for these ``key`` settings (tokens, stride, YaRN's β), beside those of other settings."""
 
     def __init__(self, workdir: pathlib.Path, key: dict) -> None:
         self.workdir, self.key = pathlib.Path(workdir), key
-        path = self.workdir / CACHE
-        stored = json.loads(path.read_text()) if path.exists() else {}
-        same = stored.get("key") == key
-        self.bpc: dict = stored["bpc"] if same else {}
+        stored, found = _stored(self.workdir, key)
+        self.bpc: dict = stored.get("bpc", {})
         self.windows: dict = {}
-        layouts = stored.get("windows", {}) if same else {}
-        found = self.workdir / WINDOWS_FILE
+        layouts = stored.get("windows", {})
         arrays = dict(np.load(found)) if layouts and found.is_file() else {}
         for label, by_protocol in layouts.items():
             for protocol, by_length in by_protocol.items():
@@ -114,7 +131,9 @@ class _Cells:
             self._cell(self.windows, label, protocol)[length] = windows
 
     def save(self) -> None:
-        """The windows, then the JSON that names them, each written whole and renamed into place."""
+        """The windows, then the JSON that names them, each written whole and renamed into place (in
+        ``key``'s own files: a legacy pair is left as it is)."""
+        cache, windows_file = cache_files(self.workdir, self.key)
         arrays, layouts = {}, {}
         for label, by_protocol in self.windows.items():
             for protocol, by_length in by_protocol.items():
@@ -124,11 +143,9 @@ class _Cells:
                     arrays[f"{name}.tokens"] = np.asarray(w["tokens"], np.int64)
                     self._cell(layouts, label, protocol)[length] = w["layout"]
         if arrays:
-            sweep.replace_whole(
-                self.workdir / WINDOWS_FILE, lambda f: np.savez_compressed(f, **arrays)
-            )
+            sweep.replace_whole(windows_file, lambda f: np.savez_compressed(f, **arrays))
         text = json.dumps({"key": self.key, "bpc": self.bpc, "windows": layouts}, indent=1) + "\n"
-        sweep.replace_whole(self.workdir / CACHE, lambda f: f.write(text.encode()))
+        sweep.replace_whole(cache, lambda f: f.write(text.encode()))
 
     def scored(self, label: str, lengths: set[str]) -> Scored:
         """``label``'s cells at ``lengths``."""

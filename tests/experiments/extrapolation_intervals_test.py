@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from experiments import extrapolation_scoring, extrapolation_tables, leaderboard, papers, sweep
+from relpos_jax.positions.rope_stretch import yarn_betas
 
 T, W = 8, 200  # tokens a window, windows
 INTERVAL = r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]"
@@ -173,7 +174,8 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
             assert w["bits"].sum() / w["tokens"].sum() == pytest.approx(rope.bpc[protocol][n])
     assert first["rope+ntk"].bpc["sliding"]["8"] == rope.bpc["sliding"]["8"]
     assert set(first["rope+ntk"].windows["non-overlapping"]) == {"8", "16"}
-    assert (tmp_path / extrapolation_scoring.WINDOWS_FILE).is_file()
+    cache, windows_file = extrapolation_scoring.cache_files(tmp_path, _key())
+    assert windows_file.is_file()
 
     again, lines = scored()  # everything kept: nothing scored
     assert not lines and again["rope"].bpc == rope.bpc
@@ -182,8 +184,7 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
         rope.windows["non-overlapping"]["16"]["bits"],
     )
 
-    cache = tmp_path / extrapolation_scoring.CACHE  # as written before windows were kept
-    older = json.loads(cache.read_text())
+    older = json.loads(cache.read_text())  # as written before windows were kept
     cache.write_text(json.dumps({"key": older["key"], "bpc": older["bpc"]}))
     tabulated, lines = scored(scored_only=True)  # tabulates the bpc, scores nothing
     assert not lines and tabulated["rope"].bpc == rope.bpc
@@ -192,3 +193,29 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
     assert len(lines) == 3 and rescored["rope"].bpc == rope.bpc  # the same model, the same bpc
     assert set(rescored["rope"].windows["non-overlapping"]) == {"8", "16"}
     assert set(rescored["rope"].windows["sliding"]) == {"8"}  # sliding only up to 8
+
+    whole, lines = scored(tokens=0)  # other settings: scored in files of their own
+    assert len(lines) == 3 and whole["rope"].bpc != rope.bpc
+    kept, lines = scored(scored_only=True)  # the first settings' cells are still there
+    assert not lines and kept["rope"].bpc == rope.bpc
+    assert set(kept["rope"].windows["sliding"]) == {"8"}
+
+
+def _key(**changes) -> dict:
+    args = _args(**changes)
+    return {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
+
+
+def test_a_runs_cells_written_before_the_files_were_per_key_are_read_where_their_key_is_the_same(
+    tmp_path,
+):
+    legacy = tmp_path / extrapolation_scoring.LEGACY_CACHE
+    bpc = {"rope": {"non-overlapping": {"8": 1.5}, "sliding": {}}}
+    legacy.write_text(json.dumps({"key": _key(), "bpc": bpc}))
+    assert extrapolation_scoring._Cells(tmp_path, _key()).bpc == bpc
+    assert extrapolation_scoring._Cells(tmp_path, _key(tokens=0)).bpc == {}
+    cells = extrapolation_scoring._Cells(tmp_path, _key())
+    cells.put("rope", "sliding", "8", 1.25, None)
+    cells.save()  # into the key's own files; the legacy file stays as it was
+    assert json.loads(legacy.read_text())["bpc"] == bpc
+    assert extrapolation_scoring._Cells(tmp_path, _key()).bpc["rope"]["sliding"] == {"8": 1.25}
