@@ -84,6 +84,20 @@ def has_windows(value) -> bool:
     return isinstance(value, dict) and "bits" in value
 
 
+def _paired_on_shared_blocks(scores: dict) -> dict:
+    """``scores`` summed into the blocks they share (``bootstrap.on_shared_blocks``), or {} (the
+    spread rule) where they are not on the same tokens, or where their windows do not nest: then
+    the shared blocks are fewer than the coarsest group's windows (one row of 64-token segments
+    against 32,768-token windows over the whole split may share 2 ends), too few to resample."""
+    try:
+        paired = bootstrap.on_shared_blocks(*scores.values())
+    except ValueError:
+        return {}
+    if paired[0].windows < min(s.windows for s in scores.values()):
+        return {}
+    return dict(zip(scores, paired, strict=True))
+
+
 class Compare:
     """A table's measure over seeds for each of its groups (``values``: key -> each seed's number;
     ``windows``: key -> each seed's windows, where recorded) and the rule it states them by: the
@@ -111,11 +125,7 @@ class Compare:
             except ValueError:
                 scores = {}
             if shared_blocks and scores:
-                try:
-                    paired = bootstrap.on_shared_blocks(*scores.values())
-                    scores = dict(zip(scores, paired, strict=True))
-                except ValueError:  # not the same tokens: the spread rule
-                    scores = {}
+                scores = _paired_on_shared_blocks(scores)
             first = next(iter(scores.values()), None)
             if first is not None and all(
                 s.layout == first.layout and np.array_equal(s.tokens, first.tokens)

@@ -73,7 +73,6 @@ def _fine_tune_settings(s: dict) -> str:
 
 def render(results: dict) -> str:
     s, (series, windows) = results["settings"], _series(results)
-    up_to = s.get("sliding_up_to") or max(s["lengths"])
     lines = [
         "# Train short, test long (the ALiBi paper's Table 2, small scale)",
         "",
@@ -93,7 +92,7 @@ def render(results: dict) -> str:
             continue
         lines += [
             "",
-            f"**{protocol}**" + (f" ({stride}; L up to {up_to:,})" if sliding else ""),
+            f"**{protocol}**" + (f" ({stride}; L up to {_sliding_up_to(s):,})" if sliding else ""),
             "",
             "| scheme | " + " | ".join(f"L={n}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths),
@@ -113,10 +112,15 @@ def render(results: dict) -> str:
     return "\n".join([*lines, *sweep.missing_lines(s), ""])
 
 
+def _sliding_up_to(s: dict) -> int:
+    """The longest L scored with sliding windows (0: none; a sweep from before the setting: all)."""
+    up_to = s.get("sliding_up_to")
+    return max(s["lengths"]) if up_to is None else up_to
+
+
 def _shown_lengths(s: dict, protocol: str) -> list[str]:
     """The lengths ``protocol``'s table shows: every one, sliding only up to ``sliding_up_to``."""
-    up_to = s.get("sliding_up_to") or max(s["lengths"])
-    return [str(n) for n in s["lengths"] if protocol != "sliding" or n <= up_to]
+    return [str(n) for n in s["lengths"] if protocol != "sliding" or n <= _sliding_up_to(s)]
 
 
 def _incomplete(s: dict, series: dict) -> bool:
@@ -164,8 +168,11 @@ def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
             change = ends.difference_text(far, train, 3)
             along.append(f"- {row}: {verb} from {ends.mean(train):.3f} at L={train} to "
                          f"{ends.mean(far):.3f} at L={far}{change}")  # fmt: skip
-        else:
+        elif ends.bootstrap or seeds > 1:
             along.append(f"- {row}: L={train} to L={far} not apart")
+        else:
+            along.append(f"- {row}: L={train} to L={far} not compared (one seed, and the two "
+                         "lengths' windows share too few blocks to pair)")  # fmt: skip
     lines = [
         "",
         "Each row from its trained length to its longest, where the two differ beyond chance "

@@ -219,3 +219,27 @@ def test_a_runs_cells_written_before_the_files_were_per_key_are_read_where_their
     cells.save()  # into the key's own files; the legacy file stays as it was
     assert json.loads(legacy.read_text())["bpc"] == bpc
     assert extrapolation_scoring._Cells(tmp_path, _key()).bpc["rope"]["sliding"] == {"8": 1.25}
+
+
+def _regrouped(windows: dict, size: int) -> dict:
+    """``windows`` summed ``size`` at a time (the last group shorter): other windows of the same
+    tokens."""
+    starts = np.arange(0, len(windows["tokens"]), size)
+    return {**windows, "bits": np.add.reduceat(windows["bits"], starts),
+            "tokens": np.add.reduceat(windows["tokens"], starts)}  # fmt: skip
+
+
+def test_two_lengths_pair_only_where_their_windows_nest():
+    results = _results({"alibi": 0.0})  # one seed
+    cells = results["runs"][0]["bpc_windows"]["non-overlapping"]
+    cells["32"] = _regrouped(cells["32"], 3)  # windows of 3T: every end one of the 8-token windows'
+    table = extrapolation_tables.render(results)
+    assert re.search(
+        r"- alibi: rises from .* at L=8 to .* at L=32 \(difference \+0\.30\d \[", table
+    )
+
+    cells["8"] = _regrouped(cells["8"], 2)  # windows of 2T against 3T: every sixth T's end shared,
+    table = extrapolation_tables.render(results)  # fewer blocks than either has: not paired
+    assert ("- alibi: L=8 to L=32 not compared (one seed, and the two lengths' windows share too "
+            "few blocks to pair)") in table  # fmt: skip
+    assert "**sliding**" not in table  # sliding_up_to 0: no sliding windows scored, no table
