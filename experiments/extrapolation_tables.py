@@ -172,7 +172,7 @@ def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
             along.append(f"- {row}: L={train} to L={far} not apart")
         else:
             along.append(f"- {row}: L={train} to L={far} not compared (one seed, and the two "
-                         "lengths' windows share too few blocks to pair)")  # fmt: skip
+                         "lengths' windows are not paired: not kept, or not nested)")  # fmt: skip
     lines = [
         "",
         "Each row from its trained length to its longest, where the two differ beyond chance "

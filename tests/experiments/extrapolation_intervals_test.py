@@ -240,6 +240,6 @@ def test_two_lengths_pair_only_where_their_windows_nest():
 
     cells["8"] = _regrouped(cells["8"], 2)  # windows of 2T against 3T: every sixth T's end shared,
     table = extrapolation_tables.render(results)  # fewer blocks than either has: not paired
-    assert ("- alibi: L=8 to L=32 not compared (one seed, and the two lengths' windows share too "
-            "few blocks to pair)") in table  # fmt: skip
+    assert ("- alibi: L=8 to L=32 not compared (one seed, and the two lengths' windows are not "
+            "paired: not kept, or not nested)") in table  # fmt: skip
     assert "**sliding**" not in table  # sliding_up_to 0: no sliding windows scored, no table
