@@ -77,6 +77,11 @@ def _array_key(label: str, protocol: str, length: str) -> str:
     return f"{label}|{protocol}|{length}"
 
 
+def scoring_key(args) -> dict:
+    """The settings a run's cells were scored with (``cache_files``): tokens, stride, YaRN's β."""
+    return {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
+
+
 def cache_files(workdir: pathlib.Path, key: dict) -> tuple[pathlib.Path, pathlib.Path]:
     """The run's cells scored with the settings ``key``: (their bpc's JSON, their windows' npz)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -164,8 +169,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
     from relpos_jax import data
     from relpos_jax.evaluate import restore_model, with_config
 
-    key = {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
-    cells = _Cells(run.workdir, key)
+    cells = _Cells(run.workdir, scoring_key(args))
     own = labels[0][0]
     model, copied = None, False
     for label, kind in labels:

@@ -6,14 +6,21 @@ one length use the paired bootstrap where every seed kept them (``experiments.co
 from __future__ import annotations
 
 import json
+import math
 import re
 import types
 
 import numpy as np
 import pytest
 
-from experiments import extrapolation_scoring, extrapolation_tables, leaderboard, papers, sweep
-from relpos_jax.positions.rope_stretch import yarn_betas
+from experiments import (
+    compare,
+    extrapolation_scoring,
+    extrapolation_tables,
+    leaderboard,
+    papers,
+    sweep,
+)
 
 T, W = 8, 200  # tokens a window, windows
 INTERVAL = r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]"
@@ -202,8 +209,7 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
 
 
 def _key(**changes) -> dict:
-    args = _args(**changes)
-    return {"tokens": args.tokens, "stride": args.stride, "yarn": yarn_betas(args.train_len)}
+    return extrapolation_scoring.scoring_key(_args(**changes))
 
 
 def test_a_runs_cells_written_before_the_files_were_per_key_are_read_where_their_key_is_the_same(
@@ -224,9 +230,7 @@ def test_a_runs_cells_written_before_the_files_were_per_key_are_read_where_their
 def _regrouped(windows: dict, size: int) -> dict:
     """``windows`` summed ``size`` at a time (the last group shorter): other windows of the same
     tokens."""
-    starts = np.arange(0, len(windows["tokens"]), size)
-    return {**windows, "bits": np.add.reduceat(windows["bits"], starts),
-            "tokens": np.add.reduceat(windows["tokens"], starts)}  # fmt: skip
+    return compare.in_blocks(windows, math.ceil(len(windows["tokens"]) / size))
 
 
 def test_two_lengths_pair_only_where_their_windows_nest():
