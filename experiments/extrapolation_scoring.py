@@ -10,7 +10,9 @@ settings (tokens, stride, YaRN's β: ``cache_files``), so cells scored with othe
 131,072 tokens, the whole split) stay side by side. A stopped sweep goes on from the next cell; a cell
 scored before windows were kept is scored again (``--scored-only`` tabulates it as it is), so that
 every cell of the tables can carry a bootstrap interval, paired across the rows scored on the same
-tokens (``experiments.compare``).
+tokens (``experiments.compare``). Segments lie in rows of whole segments, each at a multiple of its
+length in the text, so that two lengths pair on the longer one's windows; a cell whose segments do
+not (``on_segment_grid``: rows of ceil(N / B) tokens, as scored before) is scored again too.
 """
 
 from __future__ import annotations
@@ -51,8 +53,14 @@ def measure(model, stream, length: int, protocols, args) -> dict[str, dict]:
     stride = min(args.stride or max(1, length // 2), length)
     tokens = args.tokens or None  # 0: the whole split
     scorers = {
-        "non-overlapping": lambda: evaluate(
-            model, stream, batch_size=batch, segment_len=length, mem_len=0, max_tokens=tokens
+        "non-overlapping": lambda: evaluate(  # rows of whole segments: lengths pair on blocks
+            model,
+            stream,
+            batch_size=batch,
+            segment_len=length,
+            mem_len=0,
+            max_tokens=tokens,
+            whole_segments=True,
         ),
         "sliding": lambda: evaluate_sliding(
             model, stream, batch_size=batch, window=length, stride=stride, max_tokens=tokens
@@ -99,6 +107,16 @@ def _stored(workdir: pathlib.Path, key: dict) -> tuple[dict, pathlib.Path]:
     return (stored if stored.get("key") == key else {}), windows
 
 
+def on_segment_grid(windows: dict, length: str) -> bool:
+    """Whether segment windows (``{"tokens"}``, in the text's order) end at multiples of ``length``
+    in the text, the last aside: as ``measure`` lays them out, so that they nest in those of any
+    multiple of the length. Segments scored before (rows of ceil(N / B) tokens over the whole
+    split) may end mid-grid; their cells are scored again."""
+    ends = np.cumsum(np.asarray(windows["tokens"], np.int64))
+    ends = np.unique(ends[ends > 0])
+    return bool(np.all(ends[:-1] % int(length) == 0))
+
+
 class _Cells:
     """A run's scored cells, ``{label: {protocol: {L: …}}}`` of bpc and of windows, as kept in its
     folder for these ``key`` settings (tokens, stride, YaRN's β), beside those of other settings."""
@@ -126,9 +144,13 @@ class _Cells:
         return table.setdefault(label, {p: {} for p in PROTOCOLS}).setdefault(protocol, {})
 
     def has(self, label: str, protocol: str, length: str, *, windows: bool) -> bool:
-        """Whether the cell holds its bpc (and, with ``windows``, its windows too)."""
+        """Whether the cell holds its bpc (and, with ``windows``, its windows too, on the segment
+        grid where they are segments: ``on_segment_grid``)."""
         held = [self.bpc] + ([self.windows] if windows else [])
-        return all(length in t.get(label, {}).get(protocol, {}) for t in held)
+        if not all(length in t.get(label, {}).get(protocol, {}) for t in held):
+            return False
+        kept = self.windows[label][protocol][length] if windows else None
+        return not (kept and protocol == "non-overlapping" and not on_segment_grid(kept, length))
 
     def put(self, label: str, protocol: str, length: str, bpc: float, windows: dict | None):
         self._cell(self.bpc, label, protocol)[length] = bpc

@@ -127,18 +127,24 @@ def evaluate(
     mem_len: int,
     max_tokens: int | None = None,
     scored_from: int = 0,
+    whole_segments: bool = False,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once; with
     ``scored_from``, over those at offset ``scored_from`` or later in their segment only (the rest
-    are read, not scored: the latter half of each segment, where a half-loss model trained). With a
-    ``mesh``, the rows of each batch are split over its batch axes (``_score``). Its ``windows``:
-    each row of each segment, row by row (the text's order)."""
+    are read, not scored: the latter half of each segment, where a half-loss model trained). With
+    ``whole_segments``, rows are whole segments long (``data.eval_batches``): each segment starts at
+    a multiple of ``segment_len``. With a ``mesh``, the rows of each batch are split over its batch
+    axes (``_score``). Its ``windows``: each row of each segment, row by row (the text's order)."""
     if not 0 <= scored_from < segment_len:
         raise ValueError(
             f"evaluate: scored_from={scored_from} is invalid; use an offset in [0, {segment_len})"
         )
-    first, batches = _peek(data_lib.eval_batches(stream, batch_size, segment_len, max_tokens))
+    first, batches = _peek(
+        data_lib.eval_batches(
+            stream, batch_size, segment_len, max_tokens, whole_segments=whole_segments
+        )
+    )
     if scored_from:
         batches = ({**b, "weights": _from_offset(b["weights"], scored_from)} for b in batches)
     result = _score(model, batches, mem_len, mesh=mesh, by_row=True)
@@ -277,6 +283,7 @@ def evaluate_split(
     settings: EvalSettings | None = None,
     max_tokens: int | None = None,
     scored_from: int = 0,
+    whole_segments: bool = False,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """``evaluate`` on a split of ``config.data`` with ``settings`` (default

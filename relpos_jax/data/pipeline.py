@@ -117,18 +117,28 @@ def train_dataset(
 
 
 def eval_batches(
-    stream: TokenStream, batch_size: int, segment_len: int, max_tokens: int | None = None
+    stream: TokenStream,
+    batch_size: int,
+    segment_len: int,
+    max_tokens: int | None = None,
+    *,
+    whole_segments: bool = False,
 ):
     """Yield ``{"inputs", "targets", "weights"}`` ``[B, T]``; weights sum to the scored token count.
 
     Targets are tokens 1 … N − 1 (or the first ``max_tokens`` of them), each exactly once: row r holds
     targets ``[r·L, (r+1)·L)`` with L = ceil(count / B). Rows are padded at their end to whole
     segments with weight 0 (after every real token, so causal attention never sees the padding).
+    With ``whole_segments``, L is rounded up to whole segments (the batch may then have fewer rows):
+    every segment starts at a multiple of ``segment_len`` in the text, so that the segments of one
+    length nest in those of any multiple of it (without memory, only where they fall changes).
     """
     count = len(stream) - 1 if max_tokens is None else min(len(stream) - 1, max_tokens)
     if count < 1:
         raise DataError(f"data: the evaluation split has {len(stream)} tokens; it needs at least 2")
     row_len = -(-count // max(1, min(batch_size, count)))
+    if whole_segments:
+        row_len = -(-row_len // segment_len) * segment_len
     batch_size = -(-count // row_len)  # no empty rows
     steps = -(-row_len // segment_len)
     tokens = stream.read(0, count + 1).astype(np.int32)

@@ -105,10 +105,13 @@ def test_each_process_reads_only_its_rows():
         (2, 4, 4, None),
     ],
 )
-def test_eval_scores_every_token_exactly_once(length, batch, segment, max_tokens):
+@pytest.mark.parametrize("whole_segments", [False, True])
+def test_eval_scores_every_token_exactly_once(length, batch, segment, max_tokens, whole_segments):
     tokens = np.random.default_rng(length).integers(0, 256, length)
     stream = pipeline.ArrayStream(tokens)
-    batches = list(data.eval_batches(stream, batch, segment, max_tokens))
+    batches = list(
+        data.eval_batches(stream, batch, segment, max_tokens, whole_segments=whole_segments)
+    )
     count = (length - 1) if max_tokens is None else max_tokens
     rows = batches[0]["inputs"].shape[0]
     scored = [[] for _ in range(rows)]
@@ -122,6 +125,19 @@ def test_eval_scores_every_token_exactly_once(length, batch, segment, max_tokens
     flat = [t for row in scored for t in row]
     assert sum(float(b["weights"].sum()) for b in batches) == count
     np.testing.assert_array_equal(flat, tokens[1 : count + 1])
+
+
+@pytest.mark.parametrize(("length", "batch", "segment"), [(1000, 4, 16), (1001, 3, 7), (90, 8, 5)])
+def test_eval_rows_of_whole_segments_start_every_segment_at_a_multiple_of_its_length(
+    length, batch, segment
+):
+    stream = pipeline.ArrayStream(np.arange(length))  # each token its own position
+    batches = list(data.eval_batches(stream, batch, segment, whole_segments=True))
+    starts = [b["inputs"][r, 0] for b in batches for r in range(len(b["inputs"]))
+              if b["weights"][r, 0] > 0]  # fmt: skip
+    assert sorted(starts) == list(range(0, length - 1, segment))  # every segment on the grid
+    plain = list(data.eval_batches(stream, batch, segment))  # rows of ceil(N / B): off the grid
+    assert any(b["inputs"][r, 0] % segment for b in plain for r in range(len(b["inputs"])))
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from experiments import (
     papers,
     sweep,
 )
+from relpos_jax.analysis import bootstrap
 
 T, W = 8, 200  # tokens a window, windows
 INTERVAL = r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]"
@@ -203,6 +204,12 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
 
     whole, lines = scored(tokens=0)  # other settings: scored in files of their own
     assert len(lines) == 3 and whole["rope"].bpc != rope.bpc
+    segments = whole["rope"].windows["non-overlapping"]
+    assert segments["8"]["tokens"].sum() % 16  # the split is no whole number of 16-token windows,
+    short, long = bootstrap.on_shared_blocks(  # yet the two lengths' segments nest
+        *(bootstrap.Scores.of([segments[n]]) for n in ("8", "16"))
+    )
+    assert short.windows == long.windows == np.count_nonzero(segments["16"]["tokens"])
     kept, lines = scored(scored_only=True)  # the first settings' cells are still there
     assert not lines and kept["rope"].bpc == rope.bpc
     assert set(kept["rope"].windows["sliding"]) == {"8"}
@@ -225,6 +232,22 @@ def test_a_runs_cells_written_before_the_files_were_per_key_are_read_where_their
     cells.save()  # into the key's own files; the legacy file stays as it was
     assert json.loads(legacy.read_text())["bpc"] == bpc
     assert extrapolation_scoring._Cells(tmp_path, _key()).bpc["rope"]["sliding"] == {"8": 1.25}
+
+
+def test_segment_cells_scored_off_the_grid_are_scored_again(tmp_path):
+    """Segments in rows of ceil(N / B) tokens, as scored before rows were whole segments: they end
+    mid-grid and nest in no longer length's windows, so ``score`` measures them again; sliding
+    windows and segments on the grid are kept."""
+    cells = extrapolation_scoring._Cells(tmp_path, _key())
+    rows_of_21 = {"bits": np.ones(6), "tokens": np.array([8, 8, 5, 8, 8, 5]), "layout": "rows"}
+    on_grid = {"bits": np.ones(6), "tokens": np.array([8, 8, 8, 8, 8, 2]), "layout": "rows"}
+    cells.put("rope", "non-overlapping", "8", 1.0, rows_of_21)
+    cells.put("rope", "sliding", "8", 1.0, rows_of_21)
+    cells.put("rope", "non-overlapping", "16", 1.0, {**on_grid, "tokens": on_grid["tokens"] * 2})
+    assert not cells.has("rope", "non-overlapping", "8", windows=True)
+    assert cells.has("rope", "non-overlapping", "8", windows=False)  # its bpc is still tabulated
+    assert cells.has("rope", "sliding", "8", windows=True)
+    assert cells.has("rope", "non-overlapping", "16", windows=True)
 
 
 def _regrouped(windows: dict, size: int) -> dict:
