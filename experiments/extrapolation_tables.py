@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
+
 from experiments import compare, sweep
 from relpos_jax.analysis import bootstrap
 
@@ -33,11 +35,24 @@ def _series(results: dict) -> tuple[dict, dict]:
     return series, windows
 
 
-def _scored(s: dict) -> str:
-    """The test tokens every length was scored on, and the windows that makes at the longest."""
+def _scored(s: dict, windows: dict) -> str:
+    """The test tokens every length was scored on, and the windows that makes at the longest (for
+    the whole split, as a run kept them)."""
     tokens, longest = s["tokens"], max(s["lengths"])
     if not tokens:
-        return "every test token"
+        kept = [
+            w
+            for by_protocol in windows.values()
+            for w in by_protocol.get("non-overlapping", {}).get(str(longest), [])
+            if compare.has_windows(w)
+        ]
+        if not kept:
+            return "every test token"
+        counts = kept[0]["tokens"]
+        return (
+            f"every test token ({int(counts.sum()):,} targets, {np.count_nonzero(counts):,} "
+            f"windows at L = {longest:,})"
+        )
     return (
         f"the first {tokens:,} test tokens ({-(-tokens // longest):,} windows at L = {longest:,})"
     )
@@ -79,7 +94,7 @@ def render(results: dict) -> str:
         f"Command: `{s['command']}`  ",
         f"Commit {s['commit']}, {s['machine']}, {s['date']}. Every scheme trained without memory at "
         f"length {s['train_len']} for {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}; "
-        f"scored with no memory on {_scored(s)}. Sized: position tables "
+        f"scored with no memory on {_scored(s, windows)}. Sized: position tables "
         "within the trained distances (Shaw's k, T5's max distance, DeBERTa's buckets). rope+X: "
         "RoPE's extension X applied at evaluation, factor L / train length"
         f"{_extension_settings(s)}.{_fine_tune_settings(s)} {_summary_rule()}",

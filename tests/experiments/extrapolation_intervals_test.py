@@ -90,6 +90,16 @@ def test_the_table_gives_intervals_and_paired_rankings_where_every_seed_kept_win
     assert "lower than" not in ranking
 
 
+def test_a_table_of_the_whole_split_says_how_many_windows_its_longest_length_has():
+    results = _results({"alibi": 0.0})
+    results["settings"]["tokens"] = 0  # the whole split
+    assert f"on every test token ({T * W:,} targets, {W} windows at L = 32)" in (
+        extrapolation_tables.render(results)
+    )
+    results["runs"][0]["bpc_windows"] = {}  # none kept: the count is not known
+    assert "on every test token. Sized" in extrapolation_tables.render(results)
+
+
 def test_nested_windows_go_beside_the_sweeps_json_and_come_back(tmp_path):
     results = _results({"alibi": 0.0, "t5": 0.01})
     sweep.write(tmp_path / "extrapolation.json", results)
