@@ -66,11 +66,17 @@ def windows_of(workdir: pathlib.Path, split: str = "test", at_most: int = WINDOW
     return None if found is None else in_blocks(found, at_most)
 
 
-def in_blocks(windows: dict, at_most: int = WINDOWS_AT_MOST) -> dict:
+def in_blocks(windows: dict, at_most: int = WINDOWS_AT_MOST, *, nested: bool = False) -> dict:
     """``windows`` (``{"bits", "tokens", "layout"}``) with consecutive ones summed into at most
-    ``at_most`` blocks."""
+    ``at_most`` blocks; with ``nested``, blocks of a power of two windows: segments of L on their
+    grid then stay nested in the windows of any power-of-two multiple of L (or those in them), so
+    that two lengths still pair on their shared blocks (135 segments of 64 would end mid-window of
+    32,768)."""
     scores = bootstrap.Scores(windows["bits"], windows["tokens"], windows["layout"])
-    scores = scores.blocks(math.ceil(scores.windows / at_most))
+    size = math.ceil(scores.windows / at_most)
+    if nested and size > 1:
+        size = 1 << (size - 1).bit_length()  # the power of two at or above: still ≤ at_most blocks
+    scores = scores.blocks(size)
     return {
         "bits": scores.bits[0],
         "tokens": scores.tokens.astype(np.int64),

@@ -207,7 +207,9 @@ def _row(scheme: str, variant: str, seed: int, label: str, scored) -> dict:
     """A row of the sweep's JSON: one run's label, its bpc and its windows (in blocks), by protocol
     and length."""
     windows = {
-        protocol: {n: compare.in_blocks(w, WINDOWS_AT_MOST) for n, w in by_length.items()}
+        protocol: {
+            n: compare.in_blocks(w, WINDOWS_AT_MOST, nested=True) for n, w in by_length.items()
+        }
         for protocol, by_length in scored.windows.items()
     }
     return {"scheme": scheme, "variant": variant, "seed": seed, "label": label, "bpc": scored.bpc,

@@ -266,6 +266,19 @@ def _regrouped(windows: dict, size: int) -> dict:
     return compare.in_blocks(windows, math.ceil(len(windows["tokens"]) / size))
 
 
+def test_a_sweeps_blocks_of_segments_stay_nested_in_the_longer_lengths_windows():
+    """The sweep's JSON sums a length's windows into at most a few hundred blocks: a power of two
+    of them each, so that 8-token segments in blocks still end where 32-token windows do (blocks of
+    3 would share an end with them every 96 tokens)."""
+    results = _results({"alibi": 0.0})
+    cells = results["runs"][0]["bpc_windows"]["non-overlapping"]
+    long = bootstrap.Scores.of([_regrouped(cells["32"], 4)])  # W / 4 windows of 4T
+    for nested, shared in ((False, W // 12 + 1), (True, W // 4)):  # every 12th T, and the last
+        short = bootstrap.Scores.of([compare.in_blocks(cells["8"], 70, nested=nested)])
+        assert short.windows <= 70
+        assert bootstrap.on_shared_blocks(short, long)[0].windows == shared
+
+
 def test_two_lengths_pair_only_where_their_windows_nest():
     results = _results({"alibi": 0.0})  # one seed
     cells = results["runs"][0]["bpc_windows"]["non-overlapping"]
