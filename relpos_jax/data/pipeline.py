@@ -7,7 +7,8 @@ targets shifted by one). Deterministic, indexed by step (resumable from the grai
 each process reads only its own rows.
 
 Evaluation (``eval_batches``): every token of the split except the first is a target exactly once —
-rows as above, the last partial segment included, padding weighted 0.
+rows as above, the last partial segment included, padding weighted 0; with ``whole_segments``, rows
+of whole segments, so that each segment starts at a multiple of T in the text.
 Legend: B batch rows (this process's), T segment length.
 """
 
