@@ -283,7 +283,6 @@ def evaluate_split(
     settings: EvalSettings | None = None,
     max_tokens: int | None = None,
     scored_from: int = 0,
-    whole_segments: bool = False,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
     """``evaluate`` on a split of ``config.data`` with ``settings`` (default
