@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pathlib
 
-import numpy as np
-
 from experiments import compare, sweep
 from relpos_jax.analysis import bootstrap
 
@@ -37,24 +35,22 @@ def _series(results: dict) -> tuple[dict, dict]:
 
 def _scored(s: dict, windows: dict) -> str:
     """The test tokens every length was scored on, and the windows that makes at the longest (for
-    the whole split, as a run kept them)."""
+    the whole split, its targets as a run kept them: its windows may be summed into blocks)."""
     tokens, longest = s["tokens"], max(s["lengths"])
-    if not tokens:
-        kept = [
-            w
-            for by_protocol in windows.values()
-            for w in by_protocol.get("non-overlapping", {}).get(str(longest), [])
-            if compare.has_windows(w)
-        ]
-        if not kept:
-            return "every test token"
-        counts = kept[0]["tokens"]
-        return (
-            f"every test token ({int(counts.sum()):,} targets, {np.count_nonzero(counts):,} "
-            f"windows at L = {longest:,})"
-        )
+    if tokens:
+        return f"the first {tokens:,} test tokens ({-(-tokens // longest):,} windows at L = {longest:,})"
+    kept = [
+        w
+        for by_protocol in windows.values()
+        for w in by_protocol.get("non-overlapping", {}).get(str(longest), [])
+        if compare.has_windows(w)
+    ]
+    if not kept:
+        return "every test token"
+    targets = int(kept[0]["tokens"].sum())
     return (
-        f"the first {tokens:,} test tokens ({-(-tokens // longest):,} windows at L = {longest:,})"
+        f"every test token ({targets:,} targets, {-(-targets // longest):,} windows at "
+        f"L = {longest:,})"
     )
 
 
