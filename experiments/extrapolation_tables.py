@@ -155,9 +155,10 @@ def _summary_rule() -> str:
 def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
     """What the non-overlapping scores show beyond chance, from the cells that hold every seed: each
     row from its training length to the longest length it has, and the ranking at the longest
-    length where every row has them all (``compare.Compare``: the paired bootstrap where every seed
-    kept its windows, the two lengths paired on the blocks of the same tokens that both lengths'
-    windows end at; else twice the larger spread over seeds)."""
+    length where every row has them all and at the longest where two rows or more do
+    (``compare.Compare``: the paired bootstrap where every seed kept its windows, the two lengths
+    paired on the blocks of the same tokens that both lengths' windows end at; else twice the
+    larger spread over seeds)."""
     seeds, train, protocol = len(s["seeds"]), str(s["train_len"]), "non-overlapping"
     complete = {
         row: [n for n in map(str, s["lengths"]) if len(by.get(protocol, {}).get(n, [])) == seeds]
@@ -191,25 +192,37 @@ def _beyond_chance(s: dict, series: dict, windows: dict) -> list[str]:
         "",
         *(along or ["- none"]),
     ]
-    shared = [n for n in map(str, s["lengths"]) if all(n in c for c in complete.values())]
-    if shared and len(complete) > 1:
-        far = shared[-1]
+    for far, rows in _ranked_lengths(s, complete).items():
         at_far = compare.Compare(
-            {row: scores(row, far) for row in complete},
-            {row: windows[row][protocol][far] for row in complete},
+            {row: scores(row, far) for row in rows},
+            {row: windows[row][protocol][far] for row in rows},
         )
         order = sorted(at_far.values, key=at_far.mean)
         ranked = [
             f"- {row} lower than {after}, next in the ranking{at_far.difference_text(row, after, 3)}"
             for row, after in at_far.in_ranking(order)
         ]
+        some = f" ({len(rows)} of {len(complete)} rows: those with every seed there)"
         lines += [
             "",
-            f"The ranking at L={far}, neighbours {at_far.difference_rule} (non-overlapping):",
+            f"The ranking at L={far}{some if len(rows) < len(complete) else ''}, neighbours "
+            f"{at_far.difference_rule} (non-overlapping):",
             "",
             *(ranked or ["- none"]),
         ]
     return lines
+
+
+def _ranked_lengths(s: dict, complete: dict) -> dict[str, list]:
+    """Where the rows are ranked, and which (the rows with every seed there): the longest length
+    that every row has, and the longest that two rows or more have where it is another."""
+    have = {
+        n: [row for row, lengths in complete.items() if n in lengths]
+        for n in map(str, s["lengths"])
+    }
+    ranked = [n for n, rows in have.items() if len(rows) > 1]
+    every = [n for n in ranked if len(have[n]) == len(complete)]
+    return {n: have[n] for n in dict.fromkeys(every[-1:] + ranked[-1:])}
 
 
 def _cell(values: list[float], windows: list, seeds: int) -> str:

@@ -217,15 +217,20 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
         for label, by in scores.items() for seed in range(3)
     ]  # fmt: skip
     table = extrapolation_tables.render({"settings": settings, "runs": runs})
-    along, ranking = table.split("Each row from its trained length")[1].split("The ranking at")
+    along, every, some = table.split("Each row from its trained length")[1].split("The ranking at")
     along = along.splitlines()
     assert "- rises: rises from 2.500 at L=128 to 3.533 at L=2048" in along
     assert "- flat: L=128 to L=2048 not apart" in along
     assert "- partial: L=128 to L=512 not apart" in along  # the longest with every seed
-    ranking = ranking.splitlines()  # no windows kept: the spread rule
-    assert ranking[0] == " L=512, neighbours beyond twice the larger spread (non-overlapping):"
-    assert "- partial lower than flat, next in the ranking" in ranking
-    assert "- flat lower than rises, next in the ranking" in ranking
+    every = every.splitlines()  # every row, at the longest they all have; no windows: the spread
+    assert every[0] == " L=512, neighbours beyond twice the larger spread (non-overlapping):"
+    assert "- partial lower than flat, next in the ranking" in every
+    assert "- flat lower than rises, next in the ranking" in every
+    some = some.splitlines()  # and at the longest that two rows have, "partial" left out
+    assert some[0] == (" L=2048 (2 of 3 rows: those with every seed there), neighbours beyond "
+                       "twice the larger spread (non-overlapping):")  # fmt: skip
+    assert "- flat lower than rises, next in the ranking" in some
+    assert not any("partial" in line for line in some)
     assert "(1 of 3 seeds)" in table and "still to be scored" in table
     assert "| rises | 2.500 ± 0.010 |" in table
 
