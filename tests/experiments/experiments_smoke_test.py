@@ -242,7 +242,6 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
      ("results/extrapolation", "experiments.extrapolation_tables"),
      ("results/extrapolation_32k/extrapolation", "experiments.extrapolation_tables"),
      ("results/extrapolation_32k_whole/extrapolation", "experiments.extrapolation_tables"),
-     ("results/extrapolation_32k_whole_seeds/extrapolation", "experiments.extrapolation_tables"),
      ("results/probe_needle", "experiments.probes"),
      ("results/txl_small", "experiments.txl_small"),
      ("results/earlier/ablation", "experiments.ablation"),
