@@ -16,6 +16,11 @@ from collections.abc import Callable
 from experiments import ablation
 from experiments.compare import Compare
 
+# The extrapolation sweeps a claim may read: the first test tokens at 1–128×, and the whole test
+# split at 512× (``docs/results/extrapolation_32k_whole``).
+EXTRAPOLATION = "extrapolation.json"
+WHOLE_SPLIT = "extrapolation_32k_whole/extrapolation.json"
+
 # What changed a measurement's meaning since: a JSON measured at a commit that does not contain
 # ``commit`` measured the former version.
 CHANGES = {
@@ -82,10 +87,12 @@ def _ablation(results: dict, scheme: str, memory: bool, field: str = "test_bpc")
     return [r.get(field) for r in _runs(results, scheme, memory)]
 
 
-def _extrapolated(results: dict, label: str, factor: int, field: str = "bpc") -> list:
+def _extrapolated(
+    results: dict, label: str, factor: int, field: str = "bpc", sweep: str = EXTRAPOLATION
+) -> list:
     """Each seed's non-overlapping ``field`` of ``label`` at ``factor`` × the trained length in the
-    extrapolation sweep (``bpc_windows``: its windows, None where a run kept none)."""
-    e = results.get("extrapolation.json")
+    extrapolation sweep ``sweep`` (``bpc_windows``: its windows, None where a run kept none)."""
+    e = results.get(sweep)
     if e is None:
         return []
     length = str(e["settings"]["train_len"] * factor)
@@ -135,18 +142,22 @@ def table6_order(a: tuple[str, bool], b: tuple[str, bool], *, latter_half: bool 
     return judge
 
 
-def extrapolation_order(longer: tuple[str, int], shorter: tuple[str, int], changes=()):
-    """``longer``'s bpc below ``shorter``'s (label, factor each), e.g. ALiBi at 4× no worse than
-    at 1×, by the paired bootstrap where both kept their windows (at two lengths: on the blocks of
-    the same tokens that their windows share), else the spread rule; ``changes``: the
-    implementations the claim depends on (``CHANGES``)."""
+def extrapolation_order(
+    longer: tuple[str, int], shorter: tuple[str, int], changes=(), sweep: str = EXTRAPOLATION
+):
+    """``longer``'s bpc below ``shorter``'s (label, factor each) in the extrapolation sweep
+    ``sweep``, e.g. ALiBi at 4× no worse than at 1×, by the paired bootstrap where both kept their
+    windows (at two lengths: on the blocks of the same tokens that their windows share), else the
+    spread rule; ``changes``: the implementations the claim depends on (``CHANGES``)."""
 
     def judge(results: dict, contains) -> Verdict:
         names = (f"{longer[0]} at {longer[1]}×", f"{shorter[0]} at {shorter[1]}×")
-        windows = [_extrapolated(results, *side, field="bpc_windows") for side in (longer, shorter)]
-        sides = [_extrapolated(results, *side) for side in (longer, shorter)]
+        windows = [
+            _extrapolated(results, *side, "bpc_windows", sweep) for side in (longer, shorter)
+        ]
+        sides = [_extrapolated(results, *side, sweep=sweep) for side in (longer, shorter)]
         verdict = order(*sides, names, windows)
-        older, stale = _stale(results, "extrapolation.json", ("partition", *changes), contains)
+        older, stale = _stale(results, sweep, ("partition", *changes), contains)
         if set(older) & set(changes):  # a former implementation: another model than the paper's
             return Verdict("not comparable", verdict.ours, stale)
         return with_why(verdict, stale)

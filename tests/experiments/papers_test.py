@@ -72,6 +72,21 @@ def test_a_claim_measured_with_a_former_implementation_is_not_comparable():
     assert alibi.verdict == "not comparable" and alibi.ours == "not measured"
 
 
+def test_the_claims_at_512x_read_the_whole_test_split_and_only_it():
+    scores = {"alibi": {1: [2.30, 2.31, 2.32], 512: [2.20, 2.21, 2.22]},
+              "kerple": {512: [2.40, 2.41, 2.42]}}  # fmt: skip
+    far = "far past the trained length the logarithmic kernel stays below ALiBi (here 512×, "
+    far += "32,768, on the whole test split)"
+    first_tokens = _verdicts({"extrapolation.json": _extrapolation(scores)})
+    assert first_tokens[far].ours == "not measured"
+    whole = _verdicts({papers.WHOLE_SPLIT: _extrapolation(scores, commit="abc1234")})
+    assert whole[far].verdict == "disagrees" and "kerple at 512× 2.4100" in whole[far].ours
+    alibi = [v for claim, v in whole.items() if claim.startswith("ALiBi extrapolates far")]
+    assert [v.verdict for v in alibi] == ["agrees"]
+    former = _verdicts({papers.WHOLE_SPLIT: _extrapolation(scores, commit="abc1234")}, False)
+    assert former[far].verdict == "not comparable" and "measured at abc1234" in former[far].why
+
+
 def test_one_seed_on_a_side_decides_nothing_and_says_so():
     verdict = papers.order([1.0], [3.0, 3.1], ("a", "b"))
     assert verdict.verdict == "not resolved" and verdict.why == "one seed on a side: no claim"
