@@ -31,6 +31,9 @@ from experiments.compare import WINDOWS
 # project's CPU machine, whose Python is 3.11 (a GPU machine's 3.12 has another standard library)
 PYTHON_BEFORE_RECORDED = "3.11"
 
+# where a run was measured, as a sweep's settings keep it and a run reused from its JSON carries it
+MEASURED_AT = ("commit", "machine", "date")
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -246,7 +249,8 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
     """The runs an earlier write of a sweep's JSON at ``path`` holds, by the values of their
     ``key`` fields, if its settings equal ``same`` (steps, overrides, ...; else none): a sweep
     whose run folders are gone (another machine, a cleaned disk) reuses them instead of training
-    again. Each keeps the commit it was measured at (``commit``)."""
+    again. Each keeps the commit, machine and date it was measured at (``commit``, ``machine``,
+    ``date``; a run reused before keeps its own)."""
     earlier = load(path)
     if earlier is None:
         return {}
@@ -255,9 +259,8 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
         return {}
     if recorded_corpus(settings) != (partition_of(sys.argv[1:]), python_of(sys.argv[1:])):
         return {}  # another split of the corpus, or another Python's standard library
-    return {
-        tuple(run[k] for k in key): {"commit": settings["commit"], **run} for run in earlier["runs"]
-    }
+    measured = {field: settings[field] for field in MEASURED_AT if field in settings}
+    return {tuple(run[k] for k in key): {**measured, **run} for run in earlier["runs"]}
 
 
 def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **same) -> dict:
@@ -272,13 +275,17 @@ def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **s
 
 def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
     """The table's note on runs reused from an earlier commit (``recorded``), if any, each called
-    ``name(run)``."""
-    older: dict[str, list[str]] = {}
+    ``name(run)``: by the commit, and the machine and date where the JSON kept them."""
+    older: dict[tuple, list[str]] = {}
     for run in runs:
         if run.get("commit", settings["commit"]) != settings["commit"]:
-            older.setdefault(run["commit"], []).append(name(run))
-    return [f"Reused from the JSON of commit {commit}: {', '.join(names)}."
-            for commit, names in older.items()]  # fmt: skip
+            older.setdefault(tuple(run.get(f) for f in MEASURED_AT), []).append(name(run))
+    lines = []
+    for (commit, *where), names in older.items():
+        at = ", ".join(filter(None, where))
+        lines.append(f"Reused from the JSON of commit {commit}{f' ({at})' if at else ''}: "
+                     f"{', '.join(names)}.")  # fmt: skip
+    return lines
 
 
 def replace_whole(path: pathlib.Path, write) -> None:

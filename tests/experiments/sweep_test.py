@@ -237,20 +237,28 @@ def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_p
 
 def test_a_sweep_reuses_the_runs_its_json_holds_for_the_same_settings(tmp_path):
     results = _results()
-    results["settings"].update(commit="abc1234", eval_every=0)
+    results["settings"].update(
+        commit="abc1234", machine="AMD EPYC", date="2026-12-06", eval_every=0
+    )
     sweep.write(tmp_path / "ablation.json", results)
     same = {"steps": 10, "mem_len": 64, "sets": [], "eval_every": 0}
     held = sweep.recorded(tmp_path / "ablation.json", ("scheme", "memory", "seed"), **same)
     assert len(held) == 12 and held["shaw", 0, 2]["test_bpc"] == 2.41
-    assert held["txl", 64, 0]["commit"] == "abc1234"  # measured there, said so in the table
+    where = [held["txl", 64, 0][field] for field in ("commit", "machine", "date")]
+    assert where == ["abc1234", "AMD EPYC", "2026-12-06"]  # measured there, said so in the table
     assert not sweep.recorded(tmp_path / "ablation.json", ("scheme",), **{**same, "steps": 20})
     assert not sweep.recorded(tmp_path / "missing.json", ("scheme",), **same)
     (tmp_path / "old.json").write_text('{"txl/mem64": 2.27}')  # before settings were kept
     assert not sweep.recorded(tmp_path / "old.json", ("scheme",), **same)
-    results["runs"] = [held["shaw", 0, 2], *results["runs"][:3]]  # one reused, three new
-    results["settings"]["commit"] = "def5678"
+    reused_before = {**held["txl", 64, 1], "commit": "0123abc"}  # keeps its own: no machine
+    del reused_before["machine"], reused_before["date"]
+    results["runs"] = [held["shaw", 0, 2], reused_before, *results["runs"][:3]]  # two reused
+    results["settings"].update(commit="def5678", machine="Intel Xeon", date="2026-12-07")
     table = ablation.render(results)
-    assert "Reused from the JSON of commit abc1234: shaw_mem0_seed2." in table
+    assert (
+        "Reused from the JSON of commit abc1234 (AMD EPYC, 2026-12-06): shaw_mem0_seed2." in table
+    )
+    assert "Reused from the JSON of commit 0123abc: txl_mem64_seed1." in table
     assert "Reused" not in ablation.render(_results())
 
 
@@ -263,7 +271,7 @@ def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit
         ["experiments.probes"], config="configs/probe_needle.py", kind="needle", steps=10,
         segment_len=16, mem_len=48, seeds=[0], schemes=["txl"], conditions=["memory"], sets=[],
     )  # fmt: skip
-    settings["commit"] = "abc1234"
+    settings.update(commit="abc1234", machine="AMD EPYC", date="2026-12-06")
     curve = [{"distance": d, "byte_accuracy": 0.5} for d in (8, 32)]
     earlier = {"scheme": "txl", "condition": "memory", "seed": 0, "workdir": "gone", "curve": curve}
     sweep.write(tmp_path / "probe_needle.json", {"settings": settings, "chance": 0.1,
@@ -285,7 +293,9 @@ def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit
     assert not probes._reused(tmp_path / "probe_needle.json", every, args, cfg)
     table = probes.render({"settings": {**settings, "commit": "def5678"}, "chance": 0.1,
                            "runs": list(reused.values())})  # fmt: skip
-    assert table.endswith("\nReused from the JSON of commit abc1234: txl, memory seed 0.\n")
+    assert table.endswith(
+        "\nReused from the JSON of commit abc1234 (AMD EPYC, 2026-12-06): txl, memory seed 0.\n"
+    )
     assert "Reused" not in probes.render({"settings": settings, "chance": 0.1, "runs": [earlier]})
 
 
