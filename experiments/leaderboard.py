@@ -143,6 +143,7 @@ def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict], dict]:
             sources[name] = {
                 **results["settings"],
                 "contexts": results.get("contexts") or results["settings"].get("contexts"),
+                "reused": sweep.reused_commits(results),
             }
     return cells, sources, windows
 
@@ -234,8 +235,9 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
             lines.append(f"- {column}: {NOT_MEASURED} (no `{name}` with its settings yet)")
         else:
             corpus = "" if name.startswith("probe") else f", {sweep.partition_text(s)}"
+            reused = f"; runs reused from commit {', '.join(s['reused'])}" if s["reused"] else ""
             lines.append(
-                f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']}{corpus})"
+                f"- {column}: `{s['command']}` (commit {s['commit']}, {s['date']}{corpus}{reused})"
             )
     return "\n".join([*lines, "", _one_set(sources), ""])
 

@@ -273,6 +273,14 @@ def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **s
     }
 
 
+def reused_commits(results: dict) -> list[str]:
+    """The commits, other than the sweep's own, that runs of its JSON were reused from
+    (``recorded``), in the order they first occur."""
+    own = results["settings"]["commit"]
+    commits = (run.get("commit", own) for run in results.get("runs") or [])
+    return list(dict.fromkeys(commit for commit in commits if commit != own))
+
+
 def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
     """The table's note on runs reused from an earlier commit (``recorded``), if any, each called
     ``name(run)``: by the commit, and the machine and date where the JSON kept them."""

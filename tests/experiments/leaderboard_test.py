@@ -53,6 +53,13 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
     source = "- test bpc: `python -m experiments.ablation` (commit abc1234, 2026-12-03, "
     assert source + "pystdlib of Python 3.11, partition `hash`)" in table  # before the fields
+    assert "- needle solved: `python -m experiments.probes` (commit abc1234, 2026-12-03)" in table
+    probe = json.loads((tmp_path / "probe_needle.json").read_text())
+    probe["runs"][0]["commit"] = probe["runs"][1]["commit"] = "0123abc"  # reused from its JSON
+    (tmp_path / "probe_needle.json").write_text(json.dumps(probe))
+    table = leaderboard.render(*leaderboard.gather(tmp_path))
+    needle = "- needle solved: `python -m experiments.probes` (commit abc1234, 2026-12-03; "
+    assert needle + "runs reused from commit 0123abc)" in table
     full = leaderboard.render(*_full(tmp_path / "full"))
     assert _row(full, "learned", "no")[1:4] == [leaderboard.NOT_APPLICABLE] * 3  # clamped table
     assert leaderboard.NOT_MEASURED not in full
