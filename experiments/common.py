@@ -17,7 +17,8 @@ SCHEMES = tuple(p for p in POSITIONS if p != "none")
 # The extrapolation sweep's default schemes: NoPE and every scheme but the learned table, which has
 # no position beyond the trained length.
 EXTRAPOLATION_SCHEMES = ("none", *(s for s in SCHEMES if s != "learned"))
-PROBE_SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope")  # the memory probes' default
+# The memory probes' default: the relative schemes (and RoPE), every one the core ablation trains
+PROBE_SCHEMES = ("txl", "shaw", "t5", "deberta", "alibi", "rope", "fire", "kerple")
 
 # x-transformers' closest option to each scheme (a ``Decoder`` keyword; "absolute": its absolute
 # position embedding): the speed peer of ``bench.speed``; T5's bucketed bias stands in for
