@@ -259,8 +259,11 @@ def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict
         return {}
     if recorded_corpus(settings) != (partition_of(sys.argv[1:]), python_of(sys.argv[1:])):
         return {}  # another split of the corpus, or another Python's standard library
-    measured = {field: settings[field] for field in MEASURED_AT if field in settings}
-    return {tuple(run[k] for k in key): {**measured, **run} for run in earlier["runs"]}
+    here = {field: settings[field] for field in MEASURED_AT if field in settings}
+    return {  # a run reused before carries where it was measured (its commit at least): kept whole
+        tuple(run[k] for k in key): run if "commit" in run else {**here, **run}
+        for run in earlier["runs"]
+    }
 
 
 def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **same) -> dict:

@@ -250,15 +250,17 @@ def test_a_sweep_reuses_the_runs_its_json_holds_for_the_same_settings(tmp_path):
     assert not sweep.recorded(tmp_path / "missing.json", ("scheme",), **same)
     (tmp_path / "old.json").write_text('{"txl/mem64": 2.27}')  # before settings were kept
     assert not sweep.recorded(tmp_path / "old.json", ("scheme",), **same)
-    reused_before = {**held["txl", 64, 1], "commit": "0123abc"}  # keeps its own: no machine
-    del reused_before["machine"], reused_before["date"]
+    reused_before = {**results["runs"][3], "commit": "0123abc"}  # before machines were kept
     results["runs"] = [held["shaw", 0, 2], reused_before, *results["runs"][:3]]  # two reused
+    sweep.write(tmp_path / "again.json", results)
+    again = sweep.recorded(tmp_path / "again.json", ("scheme", "memory", "seed"), **same)
+    assert again["txl", 0, 0] == reused_before  # not given the machine of abc1234's JSON
     results["settings"].update(commit="def5678", machine="Intel Xeon", date="2026-12-07")
     table = ablation.render(results)
     assert (
         "Reused from the JSON of commit abc1234 (AMD EPYC, 2026-12-06): shaw_mem0_seed2." in table
     )
-    assert "Reused from the JSON of commit 0123abc: txl_mem64_seed1." in table
+    assert "Reused from the JSON of commit 0123abc: txl_mem0_seed0." in table
     assert "Reused" not in ablation.render(_results())
 
 
