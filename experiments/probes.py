@@ -196,8 +196,8 @@ def label(scheme: str, condition: str) -> str:
     return f"{scheme}, {condition.replace('_', ' ')}"
 
 
-def _name(run: dict) -> str:
-    return f"{label(run['scheme'], run['condition'])} seed {run['seed']}"
+def _label_of(run: dict) -> str:
+    return label(run["scheme"], run["condition"])
 
 
 def render(results: dict) -> str:
@@ -233,7 +233,7 @@ def render(results: dict) -> str:
             *_table(read, distances, s.get("trained")),
             *_above_chance(read, distances, chance),
         ]
-    reused = sweep.commits_lines(s, results["runs"], _name)
+    reused = sweep.commits_lines(s, results["runs"], _label_of, seed=lambda run: run["seed"])
     return "\n".join([*lines, *(["", *reused] if reused else []), ""])
 
 

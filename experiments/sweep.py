@@ -284,18 +284,27 @@ def reused_commits(results: dict) -> list[str]:
     return list(dict.fromkeys(commit for commit in commits if commit != own))
 
 
-def commits_lines(settings: dict, runs: Sequence[dict], name) -> list[str]:
-    """The table's note on runs reused from an earlier commit (``recorded``), if any, each called
-    ``name(run)``: by the commit, and the machine and date where the JSON kept them."""
-    older: dict[tuple, list[str]] = {}
+def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list[str]:
+    """The table's note on runs reused from an earlier commit (``recorded``), if any: by the
+    commit, and the machine and date where the JSON kept them; each run called ``name(run)``, or,
+    with ``seed``, the runs of one name listed once with their ``seed(run)``s."""
+    older: dict[tuple, dict[str, list]] = {}
     for run in runs:
         if run.get("commit", settings["commit"]) != settings["commit"]:
-            older.setdefault(tuple(run.get(f) for f in MEASURED_AT), []).append(name(run))
+            where = tuple(run.get(f) for f in MEASURED_AT)
+            older.setdefault(where, {}).setdefault(name(run), []).append(seed and seed(run))
     lines = []
-    for (commit, *where), names in older.items():
+    for (commit, *where), named in older.items():
         at = ", ".join(filter(None, where))
-        lines.append(f"Reused from the JSON of commit {commit}{f' ({at})' if at else ''}: "
-                     f"{', '.join(names)}.")  # fmt: skip
+        listed = (
+            ", ".join(named) if seed is None else "; ".join(
+                f"{n}: seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+                for n, seeds in named.items()
+            )
+        )  # fmt: skip
+        lines.append(
+            f"Reused from the JSON of commit {commit}{f' ({at})' if at else ''}: {listed}."
+        )
     return lines
 
 

@@ -296,8 +296,12 @@ def test_the_probe_sweep_reuses_the_curves_its_json_holds_and_names_their_commit
     table = probes.render({"settings": {**settings, "commit": "def5678"}, "chance": 0.1,
                            "runs": list(reused.values())})  # fmt: skip
     assert table.endswith(
-        "\nReused from the JSON of commit abc1234 (AMD EPYC, 2026-12-06): txl, memory seed 0.\n"
+        "\nReused from the JSON of commit abc1234 (AMD EPYC, 2026-12-06): txl, memory: seed 0.\n"
     )
+    seeds = [reused["txl", "memory", 0], {**reused["txl", "memory", 0], "seed": 1}]
+    table = probes.render({"settings": {**settings, "commit": "def5678"}, "chance": 0.1,
+                           "runs": seeds})  # fmt: skip
+    assert table.endswith("2026-12-06): txl, memory: seeds 0, 1.\n")  # a name once, its seeds
     assert "Reused" not in probes.render({"settings": settings, "chance": 0.1, "runs": [earlier]})
 
 
