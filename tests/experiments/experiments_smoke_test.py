@@ -243,6 +243,7 @@ def test_extrapolation_table_says_what_holds_beyond_twice_the_spread():
      ("results/extrapolation_32k/extrapolation", "experiments.extrapolation_tables"),
      ("results/extrapolation_32k_whole/extrapolation", "experiments.extrapolation_tables"),
      ("results/probe_needle", "experiments.probes"),
+     ("results/probe_needle_rerun/probe_needle", "experiments.probes"),
      ("results/txl_small", "experiments.txl_small"),
      ("results/earlier/ablation", "experiments.ablation"),
      ("results/earlier/memory_growth/ablation", "experiments.ablation"),
