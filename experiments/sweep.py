@@ -276,12 +276,16 @@ def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **s
     }
 
 
+def _reused(settings: dict, runs: Sequence[dict]) -> list[dict]:
+    """The runs measured at another commit than the sweep's own (``recorded``: reused)."""
+    return [run for run in runs if run.get("commit", settings["commit"]) != settings["commit"]]
+
+
 def reused_commits(results: dict) -> list[str]:
     """The commits, other than the sweep's own, that runs of its JSON were reused from
     (``recorded``), in the order they first occur."""
-    own = results["settings"]["commit"]
-    commits = (run.get("commit", own) for run in results.get("runs") or [])
-    return list(dict.fromkeys(commit for commit in commits if commit != own))
+    reused = _reused(results["settings"], results.get("runs") or [])
+    return list(dict.fromkeys(run["commit"] for run in reused))
 
 
 def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list[str]:
@@ -289,10 +293,9 @@ def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list
     commit, and the machine and date where the JSON kept them; each run called ``name(run)``, or,
     with ``seed``, the runs of one name listed once with their ``seed(run)``s."""
     older: dict[tuple, dict[str, list]] = {}
-    for run in runs:
-        if run.get("commit", settings["commit"]) != settings["commit"]:
-            where = tuple(run.get(f) for f in MEASURED_AT)
-            older.setdefault(where, {}).setdefault(name(run), []).append(seed and seed(run))
+    for run in _reused(settings, runs):
+        where = tuple(run.get(f) for f in MEASURED_AT)
+        older.setdefault(where, {}).setdefault(name(run), []).append(seed and seed(run))
     lines = []
     for (commit, *where), named in older.items():
         at = ", ".join(filter(None, where))
