@@ -21,9 +21,10 @@ In order, each a sweep of its own that resumes where it stopped:
 Everything goes to ``--out`` (``docs/results``): the home of this protocol's results; the earlier
 sweeps' tables, which mixed models, steps and splits, are in ``docs/results/earlier``.
 
-``--dry-run`` prints the training runs of steps 1, 2 and 5, each command line once (step 2 reuses
-step 1's runs; its fine-tunes start from them, so a scheduler runs them after), for a Slurm array
-or ``xargs -P``; then run this command again (or with ``--finished-only``) to score and tabulate.
+``--dry-run`` prints the unfinished training runs of steps 1, 2 and 5, each command line once
+(step 2 reuses step 1's runs; its fine-tunes start from them, so a scheduler runs them after), for
+a Slurm array or ``xargs -P``; then run this command again (or with ``--finished-only``) to score
+and tabulate.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _python(command: list[str], *extra: str, capture: bool = False):
 
 
 def dry_run(args) -> str:
-    """Every training run of the sweeps, each command line once, in order."""
+    """Every training run of the sweeps not yet finished, each command line once, in order."""
     lines: dict[str, None] = {}
     for command in commands(args):
         if command[0] in TRAINING:

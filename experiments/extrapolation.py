@@ -271,7 +271,8 @@ def main() -> None:
     runs = runs_of(args)
     fine_tunes = fine_tune_runs_of(args, runs)
     if args.dry_run:  # the fine-tunes after the runs they start from
-        print(sweep.dry_run([*runs.values(), *fine_tunes.values()]))
+        left = sweep.pending(runs.values(), args.steps)
+        print(sweep.dry_run([*left, *sweep.pending(fine_tunes.values(), args.pi_steps)]))
         return
     runs, _, missing = sweep.finish(runs, args)
     fine_tune_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})

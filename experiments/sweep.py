@@ -1,7 +1,8 @@
 """What the training sweeps share: each run is one ``train.py`` and one ``eval.py`` command line
-(``--dry-run`` lists them, a run a line, so that a Slurm array or Ray can run a sweep across
-machines), a finished run is reused (a killed sweep goes on where it stopped), and the results go
-to a JSON (settings, commit, every seed's number) that the tables and plots are rendered from.
+(``--dry-run`` lists those not finished, a run a line, so that a Slurm array or Ray can run a sweep
+across machines), a finished run is reused (a killed sweep goes on where it stopped), and the
+results go to a JSON (settings, commit, every seed's number) that the tables and plots are
+rendered from.
 
 How a table states its numbers and which differences it calls real (mean ± sd, twice the spread,
 the paired bootstrap over test windows): ``experiments.compare``.
@@ -18,7 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,12 @@ def dry_run(runs: Sequence[Run]) -> str:
     return "\n".join(" && ".join(shlex.join(c) for c in run.commands()) for run in runs)
 
 
+def pending(runs: Iterable[Run], steps: int) -> list[Run]:
+    """The runs that have not finished ``steps`` steps: what a dry run lists, so that a scheduler
+    given a killed sweep's list trains and scores only what is left."""
+    return [run for run in runs if run.result(steps) is None]
+
+
 def execute(runs: Sequence[Run], steps: int, finished_only: bool = False) -> dict[str, dict]:
     """Each run's ``eval.json`` by name: finished runs read back, the others run in turn here (with
     ``finished_only``, left out: the tables then name them as missing)."""
@@ -120,10 +127,10 @@ def execute(runs: Sequence[Run], steps: int, finished_only: bool = False) -> dic
 
 def finish(runs: dict, args) -> tuple[dict, dict[str, dict], list[str]] | None:
     """A sweep's runs (a dict by key) as its options (``add_options``, ``args.steps``) say: with
-    ``--dry-run`` their command lines printed and None; else ``execute``d -> (the finished runs by
-    key, their ``eval.json`` by name, the names of those left out)."""
+    ``--dry-run`` the command lines of those not finished printed and None; else ``execute``d ->
+    (the finished runs by key, their ``eval.json`` by name, the names of those left out)."""
     if args.dry_run:
-        print(dry_run(list(runs.values())))
+        print(dry_run(pending(runs.values(), args.steps)))
         return None
     evaluated = execute(list(runs.values()), args.steps, args.finished_only)
     missing = [run.name for run in runs.values() if run.name not in evaluated]

@@ -220,6 +220,20 @@ def test_a_runs_validation_curve_keeps_one_value_a_step(tmp_path):
     assert sweep.validation_curve(tmp_path / "missing") == []
 
 
+def test_a_dry_run_lists_only_the_runs_not_finished(tmp_path, capsys):
+    done, pending = (sweep.Run(n, tmp_path / n, "configs/txl_small.py", ()) for n in ("a", "b"))
+    done.workdir.mkdir()
+    finished = {"step": 7, "test": {"bpc": 2.0}, "data": {"name": "pystdlib", "partition": "dedup"}}
+    (done.workdir / "eval.json").write_text(json.dumps(finished))
+    options = argparse.Namespace(dry_run=True, finished_only=False, steps=7)
+    assert sweep.finish({"a": done, "b": pending}, options) is None
+    lines = [shlex.split(command) for command in capsys.readouterr().out.split(" && ")]
+    assert [line[line.index("--workdir") + 1] for line in lines] == [str(pending.workdir)] * 2
+    options.steps = 8  # a longer sweep: "a" trains on from its checkpoint
+    sweep.finish({"a": done, "b": pending}, options)
+    assert str(done.workdir) in capsys.readouterr().out
+
+
 def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_path):
     done, pending = (sweep.Run(n, tmp_path / n, "configs/txl_small.py", ()) for n in ("a", "b"))
     done.workdir.mkdir()
