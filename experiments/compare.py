@@ -205,3 +205,42 @@ class Compare:
         return (
             f"whose {bootstrap.LEVEL:.0%} bootstrap interval, paired on the windows, excludes zero"
         )
+
+
+def share_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of the share ``k`` of ``n``: for counts of seeds that
+    solve a task, each seed a draw of a lookup learnt or not."""
+    from scipy import stats
+
+    interval = stats.binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return float(interval.low), float(interval.high)
+
+
+def share_text(k: int, n: int) -> str:
+    """``k of n [lo, hi]``, the share with its 95 % exact interval, as the tables print it."""
+    low, high = share_interval(k, n)
+    return f"{k} of {n} [{low:.2f}, {high:.2f}]"
+
+
+def shares_p(a: tuple[int, int], b: tuple[int, int]) -> float:
+    """The two-sided p of Fisher's exact test that the shares ``a`` and ``b`` (each ``(k, n)``)
+    differ: "apart" where it is below 0.05."""
+    return stratified_shares_p([(a, b)])
+
+
+def stratified_shares_p(pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]]) -> float:
+    """The two-sided p of the exact conditional test that, in every stratum (a pair of shares
+    ``(a, b)``, each ``(k, n)``: one scheme's seeds under two conditions), the odds of success are
+    the same under a and b. Each stratum's margins are fixed, so its count under a is
+    hypergeometric; their sum's distribution is the convolution, and p sums the sums no likelier
+    than the one observed (R's ``mantelhaen.test(exact = TRUE)``; one stratum: Fisher's test)."""
+    from scipy import stats
+
+    density, lowest, observed = np.ones(1), 0, 0
+    for (k_a, n_a), (k_b, n_b) in pairs:
+        solved = k_a + k_b
+        low, high = max(0, solved - n_b), min(solved, n_a)
+        stratum = stats.hypergeom(n_a + n_b, solved, n_a).pmf(np.arange(low, high + 1))
+        density, lowest, observed = np.convolve(density, stratum), lowest + low, observed + k_a
+    likelihood = density[observed - lowest]
+    return float(min(1.0, density[density <= likelihood * (1 + 1e-7)].sum()))

@@ -23,8 +23,8 @@ from ``ablation_windows.npz``; bpc at 1×, 4×, 16×, from ``extrapolation_windo
   memory, 64 or 0);
 - needle solved: ``experiments.probes`` (``probe_needle.json``), the seeds whose accuracy averaged
   over the distances the probe trains on (every distance scored, for a JSON that predates that
-  record) reaches ``probes.SOLVED``, of the seeds run: the lookup is learnt or not, so a mean over
-  seeds would mix the two; the rows with memory from its ``memory`` condition, those without from
+  record) reaches ``probe_solved.SOLVED``, of the seeds run, with the share's exact 95 % interval:
+  the lookup is learnt or not, so a mean over seeds would mix the two; the rows with memory from its ``memory`` condition, those without from
   ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
@@ -38,9 +38,9 @@ from __future__ import annotations
 import pathlib
 
 from bench import args as options
-from experiments import probes, sweep
+from experiments import probe_solved, sweep
 from experiments.common import label_order, scheme_of
-from experiments.compare import Compare, mean_sd_text
+from experiments.compare import Compare, mean_sd_text, share_text
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
@@ -109,9 +109,9 @@ def _init_best(results: dict, cells: dict) -> None:
 def _needle(results: dict, cells: dict) -> None:
     rows = {"memory": True, "in_segment": False}
     for run in results["runs"]:
-        trained = probes.trained_accuracy(results["settings"], run.get("curve", ()))
+        trained = probe_solved.trained_accuracy(results["settings"], run.get("curve", ()))
         if run["condition"] in rows and trained:
-            solved = float(probes.solves(trained))
+            solved = float(probe_solved.solves(trained))
             cells.setdefault((run["scheme"], rows[run["condition"]], NEEDLE), []).append(solved)
 
 
@@ -160,7 +160,7 @@ def _cell(
     if not values:
         return NOT_MEASURED
     if key is not None and key[2] == NEEDLE:  # seeds that solve it: 1 each, else 0
-        return f"{int(sum(values))} of {len(values)}"
+        return share_text(int(sum(values)), len(values))
     bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
     text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
     return f"{bound}{text} ({len(values)})"
@@ -191,8 +191,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "",
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
-        "too; needle solved: the seeds that solve the needle probe, of those run (its own "
-        "models; without memory, the key inside the segment). Bpc at 1×, 4× "
+        "too; needle solved: the seeds that solve the needle probe, of those run, with the share's "
+        "exact 95% interval (its own models; without memory, the key inside the segment). Bpc at 1×, 4× "
         "and 16× the training length is measured on models trained "
         "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
         "split). Best context: the evaluation context c (memory, or window before the segment) "

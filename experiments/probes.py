@@ -21,13 +21,13 @@ segment and memory as in training; cached in the run's ``probe_accuracy.json``).
 The distances scored are the trained ones by default (those the probe config's documents draw:
 8 … 48 for the needle config); ``--distances`` beyond them ask whether the lookup extrapolates,
 and the table marks them. A seed **solves** the probe when its accuracy averaged over the trained
-distances is at least ``SOLVED``: the lookup is learnt or not, so a mean over seeds that mixes
-solved and unsolved seeds says little, and the table leads with the share of seeds that solve it.
+distances is at least ``probe_solved.SOLVED``: the lookup is learnt or not, so a mean over seeds
+that mixes solved and unsolved seeds says little, and the table leads with the share of seeds that
+solve it, its exact interval, and whether memory's share and the segment's differ.
 
 Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (seeds
 that solve it, mean ± sd over seeds at each distance, what differs from chance beyond twice the
-spread) and
-``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk) but which that
+spread) and ``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk) but which that
 JSON already holds with the same steps, overrides, segment, memory and distances is reused, not
 trained again; the table names the commit it was measured at.
 """
@@ -40,12 +40,11 @@ import sys
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import compare, sweep
+from experiments import compare, probe_solved, sweep
 from experiments.common import PROBE_SCHEMES
 from relpos_jax.config import Config, load_config
 
 CONDITIONS = ("memory", "in_segment", "no_memory")
-SOLVED = 0.9  # a seed's accuracy over the trained distances that counts as solving the probe
 
 
 def condition_settings(condition: str, cfg: Config) -> tuple[str, ...]:
@@ -144,54 +143,6 @@ def trained_distances(probe_name: str, step: int = 8) -> list[int]:
     return sorted({*range(shortest, longest + 1, step), longest})
 
 
-def trained_accuracy(settings: dict, curve) -> list[float]:
-    """The accuracies of ``curve`` at the distances the probe trains on (``settings["trained"]``;
-    every distance for a JSON that predates that record)."""
-    low, high = settings.get("trained", (0, float("inf")))
-    return [
-        point["byte_accuracy"]
-        for point in curve
-        if low <= point["distance"] <= high and point["byte_accuracy"] is not None
-    ]
-
-
-def solves(trained: list[float]) -> bool:
-    """Whether a seed's accuracies at the trained distances (``trained_accuracy``) average at least
-    ``SOLVED``: it has learnt the lookup."""
-    return bool(trained) and sum(trained) / len(trained) >= SOLVED
-
-
-def solved_by(results: dict, field: str = "curve") -> dict[tuple[str, str], tuple[int, int]]:
-    """(seeds whose accuracy averaged over the trained distances reaches ``SOLVED``, seeds) of
-    each (scheme, condition)."""
-    counts: dict[tuple[str, str], tuple[int, int]] = {}
-    for run in results["runs"]:
-        if field not in run:
-            continue
-        solved = solves(trained_accuracy(results["settings"], run[field]))
-        done, seeds = counts.get((run["scheme"], run["condition"]), (0, 0))
-        counts[run["scheme"], run["condition"]] = (done + solved, seeds + 1)
-    return counts
-
-
-def _solved_lines(results: dict) -> list[str]:
-    s = results["settings"]
-    if "trained" not in s:  # recorded before the trained range was
-        return []
-    low, high = s["trained"]
-    lines = [
-        "",
-        f"Seeds that solve it (accuracy averaged over the trained distances {low}–{high} at least "
-        f"{SOLVED}):",
-        "",
-        "| scheme | condition | solved |",
-        "|---|---|---:|",
-    ]
-    for (scheme, condition), (done, seeds) in solved_by(results).items():
-        lines.append(f"| {scheme} | {condition.replace('_', ' ')} | {done} of {seeds} |")
-    return lines
-
-
 def label(scheme: str, condition: str) -> str:
     return f"{scheme}, {condition.replace('_', ' ')}"
 
@@ -215,7 +166,7 @@ def render(results: dict) -> str:
         f"step; {_in_segment_scoring(results)}), no memory (the config's segment alone). "
         f"Answer-byte accuracy on 256 fresh test documents a distance, teacher-forced, mean ± sd "
         f"over the seeds; chance is {chance}.{_untrained_note(s, distances)}",
-        *_solved_lines(results),
+        *probe_solved.solved_lines(results),
         "",
         *_table(curves, distances, s.get("trained")),
     ]

@@ -19,6 +19,7 @@ from experiments import (
     extrapolation,
     extrapolation_tables,
     latter_half_scoring,
+    probe_solved,
     probes,
     recl_tables,
     sweep,
@@ -291,9 +292,12 @@ def test_the_probe_table_leads_with_the_seeds_that_solve_it_at_trained_distances
         for seed, accuracy in enumerate(seeds)
     ]  # fmt: skip
     results = {"settings": settings, "chance": 0.1, "runs": runs}
-    assert probes.solved_by(results) == {("txl", "memory"): (2, 3), ("alibi", "memory"): (0, 3)}
+    assert probe_solved.solved_by(results) == {
+        ("txl", "memory"): (2, 3), ("alibi", "memory"): (0, 3)
+    }  # fmt: skip
     table = probes.render(results)
-    assert "| txl | memory | 2 of 3 |" in table and "| alibi | memory | 0 of 3 |" in table
+    assert "| scheme | memory |\n|---|---:|\n| txl | 2 of 3 [0.09, 0.99] |" in table
+    assert "| alibi | 0 of 3 [0.00, 0.71] |" in table
     assert "| 64* |" in table and "| 48 |" in table  # the untrained distance is marked
     assert "outside the trained range 8–48" in table
 

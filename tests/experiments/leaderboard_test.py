@@ -46,8 +46,8 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     # the sized variant (tables within the trained distances) where the sweep has it
     assert _row(table, "t5", "no")[2:4] == ["2.5100 ± 0.0141 (2)", "3.5000 ± 0.0000 (2)"]
     assert _row(table, "rope", "no")[2] == "4.0000 ± 0.0000 (1)"  # not its extensions
-    assert _row(table, "alibi", "yes")[6] == "0 of 2"  # 0.2 over the distances: not solved
-    assert _row(table, "alibi", "no")[6] == "2 of 2"  # in segment: 0.93
+    assert _row(table, "alibi", "yes")[6] == "0 of 2 [0.00, 0.84]"  # 0.2: not solved
+    assert _row(table, "alibi", "no")[6] == "2 of 2 [0.16, 1.00]"  # in segment: 0.93
     assert _row(table, "txl", "yes")[4] == leaderboard.NOT_MEASURED  # recl.json: old format
     assert "| none |" not in table  # no sweep ran it: no row
     assert "- RECL: not measured (no `recl.json` with its settings yet)" in table
@@ -126,7 +126,7 @@ def test_the_needle_column_counts_the_seeds_that_solve_it_at_the_trained_distanc
     cells = {}
     leaderboard._needle(probe, cells)
     key = ("txl", True, leaderboard.NEEDLE)
-    assert leaderboard._cell(cells[key], 4, key=key) == "1 of 2"
+    assert leaderboard._cell(cells[key], 4, key=key) == "1 of 2 [0.01, 0.99]"
 
 
 def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
