@@ -24,8 +24,8 @@ from ``ablation_windows.npz``; bpc at 1×, 4×, 16×, from ``extrapolation_windo
 - needle solved: ``experiments.probes`` (``probe_needle.json``), the seeds whose accuracy averaged
   over the distances the probe trains on (every distance scored, for a JSON that predates that
   record) reaches ``probe_solved.SOLVED``, of the seeds run, with the share's exact 95 % interval:
-  the lookup is learnt or not, so a mean over seeds would mix the two; the rows with memory from its ``memory`` condition, those without from
-  ``in_segment``.
+  the lookup is learnt or not, so a mean over seeds would mix the two; the rows with memory from
+  its ``memory`` condition, those without from ``in_segment``.
 
 A cell the JSONs do not hold, or a JSON written before the sweeps kept their settings and seeds,
 reads "not measured"; learned absolute positions read "n/a" there (the extrapolation sweep
@@ -192,12 +192,12 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
         "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
         "too; needle solved: the seeds that solve the needle probe, of those run, with the share's "
-        "exact 95% interval (its own models; without memory, the key inside the segment). Bpc at 1×, 4× "
-        "and 16× the training length is measured on models trained "
-        "without memory, on the extrapolation sweep's tokens (the test bpc column reads the whole "
-        "split). Best context: the evaluation context c (memory, or window before the segment) "
-        "where a run scores best, the trained one being its memory. The settings of each measure "
-        "(sizes, steps, memory, tokens) are in its table."
+        "exact 95% interval (its own models; without memory, the key inside the segment). Bpc at "
+        "1×, 4× and 16× the training length is measured on models trained without memory, on the "
+        "extrapolation sweep's tokens (the test bpc column reads the whole split). Best context: "
+        "the evaluation context c (memory, or window before the segment) where a run scores best, "
+        "the trained one being its memory. The settings of each measure (sizes, steps, memory, "
+        "tokens) are in its table."
         f"{intervals} Claim by claim against the papers: [papers.md](papers.md).",
         "",
         "| scheme | memory | " + " | ".join(COLUMNS) + " |",

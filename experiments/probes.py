@@ -27,9 +27,9 @@ solve it, its exact interval, and whether memory's share and the segment's diffe
 
 Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (seeds
 that solve it, mean ± sd over seeds at each distance, what differs from chance beyond twice the
-spread) and ``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk) but which that
-JSON already holds with the same steps, overrides, segment, memory and distances is reused, not
-trained again; the table names the commit it was measured at.
+spread) and ``<config>.png`` from it. A run whose folder is gone (another machine, a cleaned disk)
+but which that JSON already holds with the same steps, overrides, segment, memory and distances
+is reused, not trained again; the table names the commit it was measured at.
 """
 
 from __future__ import annotations
