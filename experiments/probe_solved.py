@@ -12,6 +12,7 @@ from experiments import compare
 
 SOLVED = 0.9  # a seed's accuracy over the trained distances that counts as solving the probe
 APART = 0.05  # Fisher's exact test: shares whose two-sided p is below this differ
+PARTLY = 0.1  # above chance by this much, below SOLVED: a seed that learnt the lookup in part
 
 
 def trained_accuracy(settings: dict, curve) -> list[float]:
@@ -81,7 +82,27 @@ def solved_lines(results: dict) -> list[str]:
                 _p_text(counts.get((scheme, "memory")), counts.get((scheme, "in_segment")))
             )
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    return lines + (_pooled_line(counts) if paired else [])
+    return lines + (_pooled_line(counts) if paired else []) + _partly_lines(results)
+
+
+def _partly_lines(results: dict) -> list[str]:
+    """The seeds between chance and solved (accuracy over the trained distances at least
+    ``PARTLY`` above chance, below ``SOLVED``), each with its accuracy: how much the counts lean on
+    where the bar is."""
+    low = results["chance"] + PARTLY
+    partly: dict[str, list[str]] = {}
+    for run in results["runs"]:
+        trained = trained_accuracy(results["settings"], run.get("curve", ()))
+        mean = sum(trained) / len(trained) if trained else 0.0
+        if low <= mean < SOLVED:
+            label = f"{run['scheme']}, {run['condition'].replace('_', ' ')}"
+            partly.setdefault(label, []).append(f"{run['seed']} ({mean:.2f})")
+    found = "; ".join(
+        f"{label}: seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
+        for label, seeds in partly.items()
+    )
+    return ["", f"Learnt in part (accuracy over the trained distances {low:.2f} to below {SOLVED}): "
+            f"{found or 'none'}."]  # fmt: skip
 
 
 def _pooled_line(counts: dict[tuple[str, str], tuple[int, int]]) -> list[str]:

@@ -23,7 +23,8 @@ The distances scored are the trained ones by default (those the probe config's d
 and the table marks them. A seed **solves** the probe when its accuracy averaged over the trained
 distances is at least ``probe_solved.SOLVED``: the lookup is learnt or not, so a mean over seeds
 that mixes solved and unsolved seeds says little, and the table leads with the share of seeds that
-solve it, its exact interval, and whether memory's share and the segment's differ.
+solve it, its exact interval, whether memory's share and the segment's differ, and the seeds that
+learnt it in part.
 
 Writes ``<config>.json`` (settings, commit, every seed's curve) and renders ``<config>.md`` (seeds
 that solve it, mean ± sd over seeds at each distance, what differs from chance beyond twice the

@@ -73,7 +73,7 @@ def _results(per_seed: dict) -> dict:
         for (scheme, condition), accuracies in per_seed.items()
         for seed, a in enumerate(accuracies)
     ]  # fmt: skip
-    return {"settings": settings, "runs": runs}
+    return {"settings": settings, "chance": 0.1, "runs": runs}
 
 
 def test_the_solved_table_gives_a_row_a_scheme_and_marks_shares_that_differ():
@@ -81,8 +81,8 @@ def test_the_solved_table_gives_a_row_a_scheme_and_marks_shares_that_differ():
         ("txl", "memory"): [0.1] * 8,
         ("txl", "in_segment"): [1.0] * 8,  # 0 of 8 against 8 of 8: p = 2 / C(16, 8)
         ("shaw", "memory"): [1.0, 0.1],
-        ("shaw", "in_segment"): [0.95, 0.1],
-        ("rope", "memory"): [0.89],  # below SOLVED
+        ("shaw", "in_segment"): [0.95, 0.25],  # seed 1 learnt it in part
+        ("rope", "memory"): [0.89],  # below SOLVED, in part
     })  # fmt: skip
     assert probe_solved.solved_by(results)["shaw", "memory"] == (1, 2)
     lines = probe_solved.solved_lines(results)
@@ -91,10 +91,15 @@ def test_the_solved_table_gives_a_row_a_scheme_and_marks_shares_that_differ():
     assert "| shaw | 1 of 2 [0.01, 0.99] | 1 of 2 [0.01, 0.99] | 1.000 |" in lines
     assert "| rope | 0 of 1 [0.00, 0.97] |  |  |" in lines
     pooled = compare.stratified_shares_p([((0, 8), (8, 8)), ((1, 2), (1, 2))])
-    assert (
-        lines[-1]
-        == f"| 2 schemes together (p stratified by scheme) | 1 of 10 | 9 of 10 | {pooled:.3f} * |"
+    together = "| 2 schemes together (p stratified by scheme) | 1 of 10 | 9 of 10 |"
+    assert lines[-3] == f"{together} {pooled:.3f} * |"
+    assert lines[-1] == (
+        "Learnt in part (accuracy over the trained distances 0.20 to below 0.9): shaw, in segment: "
+        "seed 1 (0.25); rope, memory: seed 0 (0.89)."
     )
     only_memory = _results({("txl", "memory"): [1.0, 0.1]})
-    assert "| scheme | memory |" in probe_solved.solved_lines(only_memory)  # no p to give
+    lines = probe_solved.solved_lines(only_memory)
+    assert "| scheme | memory |" in lines and lines[-1].endswith("below 0.9): none.")  # no p
+    two = probe_solved.solved_lines(_results({("alibi", "memory"): [0.5, 1.0, 0.3]}))
+    assert two[-1].endswith("below 0.9): alibi, memory: seeds 0 (0.50), 2 (0.30).")
     assert probe_solved.solved_lines({"settings": {}, "runs": []}) == []  # no trained range kept
