@@ -189,7 +189,8 @@ def main() -> None:
         for key in keys
     }  # fmt: skip
     if args.dry_run:
-        print(sweep.dry_run(sweep.pending(ours.values(), args.steps)))
+        if listed := sweep.dry_run(sweep.pending(ours.values(), args.steps)):
+            print(listed)
         print("\n".join(_peer_command(args, ":".join(map(str, key))) for key in keys))
         return
     finished = sweep.finish(ours, args)

@@ -130,7 +130,8 @@ def finish(runs: dict, args) -> tuple[dict, dict[str, dict], list[str]] | None:
     ``--dry-run`` the command lines of those not finished printed and None; else ``execute``d ->
     (the finished runs by key, their ``eval.json`` by name, the names of those left out)."""
     if args.dry_run:
-        print(dry_run(pending(runs.values(), args.steps)))
+        if listed := dry_run(pending(runs.values(), args.steps)):  # none left: no line at all
+            print(listed)
         return None
     evaluated = execute(list(runs.values()), args.steps, args.finished_only)
     missing = [run.name for run in runs.values() if run.name not in evaluated]

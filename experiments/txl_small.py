@@ -131,7 +131,8 @@ def main() -> None:
     run = sweep.Run("txl_small", pathlib.Path(args.runs) / "txl_small", CONFIG, ())
     steps = load_config(ROOT / CONFIG).train.steps
     if args.dry_run:
-        print(sweep.dry_run(sweep.pending([run], steps)))
+        if listed := sweep.dry_run(sweep.pending([run], steps)):
+            print(listed)
         return
     ran_here = run.result(steps) is None
     start = time.perf_counter()

@@ -232,6 +232,9 @@ def test_a_dry_run_lists_only_the_runs_not_finished(tmp_path, capsys):
     options.steps = 8  # a longer sweep: "a" trains on from its checkpoint
     sweep.finish({"a": done, "b": pending}, options)
     assert str(done.workdir) in capsys.readouterr().out
+    options.steps = 7
+    sweep.finish({"a": done}, options)
+    assert capsys.readouterr().out == ""  # nothing left: not even an empty line for xargs
 
 
 def test_finished_only_leaves_unfinished_runs_out_and_the_table_names_them(tmp_path):
