@@ -189,8 +189,7 @@ def main() -> None:
         for key in keys
     }  # fmt: skip
     if args.dry_run:
-        if listed := sweep.dry_run(sweep.pending(ours.values(), args.steps)):
-            print(listed)
+        sweep.list_pending((ours.values(), args.steps))
         print("\n".join(_peer_command(args, ":".join(map(str, key))) for key in keys))
         return
     finished = sweep.finish(ours, args)

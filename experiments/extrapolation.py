@@ -271,9 +271,7 @@ def main() -> None:
     runs = runs_of(args)
     fine_tunes = fine_tune_runs_of(args, runs)
     if args.dry_run:  # the fine-tunes after the runs they start from
-        left = sweep.pending(runs.values(), args.steps)
-        if listed := sweep.dry_run([*left, *sweep.pending(fine_tunes.values(), args.pi_steps)]):
-            print(listed)
+        sweep.list_pending((runs.values(), args.steps), (fine_tunes.values(), args.pi_steps))
         return
     runs, _, missing = sweep.finish(runs, args)
     fine_tune_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})

@@ -15,6 +15,11 @@ APART = 0.05  # Fisher's exact test: shares whose two-sided p is below this diff
 PARTLY = 0.1  # above chance by this much, below SOLVED: a seed that learnt the lookup in part
 
 
+def label(scheme: str, condition: str) -> str:
+    """``scheme, condition`` as the probe tables name a column or a group of seeds."""
+    return f"{scheme}, {condition.replace('_', ' ')}"
+
+
 def trained_accuracy(settings: dict, curve) -> list[float]:
     """The accuracies of ``curve`` at the distances the probe trains on (``settings["trained"]``;
     every distance for a JSON that predates that record)."""
@@ -95,11 +100,11 @@ def _partly_lines(results: dict) -> list[str]:
         trained = trained_accuracy(results["settings"], run.get("curve", ()))
         mean = sum(trained) / len(trained) if trained else 0.0
         if low <= mean < SOLVED:
-            label = f"{run['scheme']}, {run['condition'].replace('_', ' ')}"
-            partly.setdefault(label, []).append(f"{run['seed']} ({mean:.2f})")
+            named = label(run["scheme"], run["condition"])
+            partly.setdefault(named, []).append(f"{run['seed']} ({mean:.2f})")
     found = "; ".join(
-        f"{label}: seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
-        for label, seeds in partly.items()
+        f"{named}: seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
+        for named, seeds in partly.items()
     )
     return ["", f"Learnt in part (accuracy over the trained distances {low:.2f} to below {SOLVED}): "
             f"{found or 'none'}."]  # fmt: skip

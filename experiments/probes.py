@@ -43,6 +43,7 @@ from bench import args as options
 from bench.measure import ROOT
 from experiments import compare, probe_solved, sweep
 from experiments.common import PROBE_SCHEMES
+from experiments.probe_solved import label
 from relpos_jax.config import Config, load_config
 
 CONDITIONS = ("memory", "in_segment", "no_memory")
@@ -142,10 +143,6 @@ def trained_distances(probe_name: str, step: int = 8) -> list[int]:
 
     _, shortest, longest = probes.parse(probe_name)
     return sorted({*range(shortest, longest + 1, step), longest})
-
-
-def label(scheme: str, condition: str) -> str:
-    return f"{scheme}, {condition.replace('_', ' ')}"
 
 
 def _label_of(run: dict) -> str:

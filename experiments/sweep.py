@@ -103,6 +103,13 @@ def pending(runs: Iterable[Run], steps: int) -> list[Run]:
     return [run for run in runs if run.result(steps) is None]
 
 
+def list_pending(*groups: tuple[Iterable[Run], int]) -> None:
+    """Print the command lines of each group's runs (``(runs, steps)``, in order) that are
+    ``pending``; nothing at all, not an empty line for ``xargs``, when none is."""
+    if listed := dry_run([run for runs, steps in groups for run in pending(runs, steps)]):
+        print(listed)
+
+
 def execute(runs: Sequence[Run], steps: int, finished_only: bool = False) -> dict[str, dict]:
     """Each run's ``eval.json`` by name: finished runs read back, the others run in turn here (with
     ``finished_only``, left out: the tables then name them as missing)."""
@@ -130,8 +137,7 @@ def finish(runs: dict, args) -> tuple[dict, dict[str, dict], list[str]] | None:
     ``--dry-run`` the command lines of those not finished printed and None; else ``execute``d ->
     (the finished runs by key, their ``eval.json`` by name, the names of those left out)."""
     if args.dry_run:
-        if listed := dry_run(pending(runs.values(), args.steps)):  # none left: no line at all
-            print(listed)
+        list_pending((runs.values(), args.steps))
         return None
     evaluated = execute(list(runs.values()), args.steps, args.finished_only)
     missing = [run.name for run in runs.values() if run.name not in evaluated]

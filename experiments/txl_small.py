@@ -131,8 +131,7 @@ def main() -> None:
     run = sweep.Run("txl_small", pathlib.Path(args.runs) / "txl_small", CONFIG, ())
     steps = load_config(ROOT / CONFIG).train.steps
     if args.dry_run:
-        if listed := sweep.dry_run(sweep.pending([run], steps)):
-            print(listed)
+        sweep.list_pending(([run], steps))
         return
     ran_here = run.result(steps) is None
     start = time.perf_counter()
