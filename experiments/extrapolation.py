@@ -19,6 +19,9 @@ Each length's bpc and evaluation windows are kept in the run's folder as soon as
 (``experiments.extrapolation_scoring``): a stopped sweep goes on from there, a sweep run again with
 more ``--factors`` scores only the new lengths (and lengths scored before windows were kept), and
 ``--scored-only`` tabulates what has been scored so far (the table marks the cells still missing).
+A run whose folder is gone (another machine, a cleaned disk) is tabulated from the rows its
+``extrapolation.json`` in ``--out`` holds, where they were scored with the same settings
+(``reusable_rows``): the table names the commit they were measured at.
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
@@ -203,6 +206,50 @@ def fine_tuned_rows(kind: str, factor: int, args) -> list[tuple[str, list[int]]]
     return rows + ([(past_label(kind), [2 * length])] if 2 * factor in args.factors else [])
 
 
+def _scored_lengths(row: dict) -> set[str]:
+    return {length for by_length in row["bpc"].values() for length in by_length}
+
+
+def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dict]:
+    """The rows an earlier ``extrapolation.json`` in ``--out`` holds for the runs and fine-tunes
+    (by key) whose folder here has not finished, where it was scored with the same settings
+    (``same``; the fine-tunes' also with the same ``--pi-steps``, ``--fine-tune`` and factors): a
+    sweep whose run folders are gone (another machine, a cleaned disk) tabulates them instead of
+    training again. A run is reused only with every row it scores, a fine-tune only with the RoPE
+    run it started from; each row keeps where it was measured (``sweep.recorded_runs``)."""
+    path = pathlib.Path(args.out) / "extrapolation.json"
+
+    def rows_of(earlier, scheme: str, variant: str, seed: int, wanted) -> list[dict] | None:
+        rows = []
+        for label, lengths in wanted:  # each row of the run, by label and the lengths it scores
+            rows += [
+                row for row in earlier
+                if (row["scheme"], row["variant"], row["seed"], row["label"])
+                == (scheme, variant, seed, label)
+                and (lengths is None or _scored_lengths(row) == {str(n) for n in lengths})
+            ]  # fmt: skip
+        return rows if len(rows) == len(wanted) else None
+
+    earlier = sweep.recorded_runs(path, **same)
+    base = {
+        key: rows
+        for key, run in runs.items()
+        if run.result(args.steps) is None
+        and (rows := rows_of(earlier, *key, [(label, None) for label, _ in labels_of(key[0])]))
+    }  # fmt: skip
+    earlier = sweep.recorded_runs(
+        path, **same, pi_steps=args.pi_steps, fine_tune=list(args.fine_tune),
+        pi_factors=pi_factors(args),
+    )  # fmt: skip
+    tuned = {
+        key: rows
+        for key, run in fine_tunes.items()
+        if run.result(args.pi_steps) is None and ("rope", "defaults", key[2]) in base
+        and (rows := rows_of(earlier, "rope", "defaults", key[2], fine_tuned_rows(*key[:2], args)))
+    }  # fmt: skip
+    return base, tuned
+
+
 def _row(scheme: str, variant: str, seed: int, label: str, scored) -> dict:
     """A row of the sweep's JSON: one run's label, its bpc and its windows (in blocks), by protocol
     and length."""
@@ -268,8 +315,17 @@ def main() -> None:
     args.lengths = [args.train_len * f for f in args.factors]
     sizing = [s for s in args.schemes if s in SIZED and "sized" in args.variants]
     args.sized_as_defaults = [s for s in sizing if sized_as_defaults(s, args.train_len)]
+    scoring = {  # what a run's rows depend on: rows scored with the same are reused
+        "train_len": args.train_len, "steps": args.steps, "lengths": args.lengths,
+        "tokens": args.tokens, "stride": args.stride, "extensions_up_to": args.extensions_up_to,
+        "yarn": yarn_betas(args.train_len), "sliding_up_to": args.sliding_up_to,
+        "models": args.models, "sets": list(args.set),
+    }  # fmt: skip
     runs = runs_of(args)
     fine_tunes = fine_tune_runs_of(args, runs)
+    reused, reused_tunes = reusable_rows(args, runs, fine_tunes, **scoring)
+    runs = {k: run for k, run in runs.items() if k not in reused}
+    fine_tunes = {k: run for k, run in fine_tunes.items() if k not in reused_tunes}
     if args.dry_run:  # the fine-tunes after the runs they start from
         sweep.list_pending((runs.values(), args.steps), (fine_tunes.values(), args.pi_steps))
         return
@@ -278,13 +334,10 @@ def main() -> None:
     fine_tunes, _, fine_tunes_missing = sweep.finish(fine_tunes, fine_tune_args)
     results = {
         "settings": sweep.settings(
-            ["experiments.extrapolation", *sys.argv[1:]], train_len=args.train_len, steps=args.steps,
-            seeds=list(args.seeds), lengths=args.lengths, tokens=args.tokens, stride=args.stride,
-            extensions_up_to=args.extensions_up_to, yarn=yarn_betas(args.train_len),
-            sliding_up_to=args.sliding_up_to, scored_only=args.scored_only, models=args.models,
-            sized_as_defaults=args.sized_as_defaults,
+            ["experiments.extrapolation", *sys.argv[1:]], **scoring, seeds=list(args.seeds),
+            scored_only=args.scored_only, sized_as_defaults=args.sized_as_defaults,
             pi_steps=args.pi_steps, pi_factors=pi_factors(args), fine_tune=list(args.fine_tune),
-            sets=list(args.set), missing=missing + fine_tunes_missing,
+            missing=missing + fine_tunes_missing,
         ),
         "runs": [
             _row(scheme, variant, seed, label, scored)
@@ -295,7 +348,7 @@ def main() -> None:
             for (kind, factor, seed), run in fine_tunes.items()
             for label, lengths in fine_tuned_rows(kind, factor, args)
             for label, scored in score(run, ((label, None),), lengths, args).items()
-        ],
+        ] + [row for rows in (*reused.values(), *reused_tunes.values()) for row in rows],
     }  # fmt: skip
     sweep.publish(args.out, "extrapolation", results, render, plot)
 

@@ -7,6 +7,7 @@ beyond chance) and ``extrapolation.png``.
 from __future__ import annotations
 
 import pathlib
+from operator import itemgetter
 
 from experiments import compare, sweep
 from relpos_jax.analysis import bootstrap
@@ -120,7 +121,8 @@ def render(results: dict) -> str:
     if s.get("scored_only") and _incomplete(s, series):
         lines += ["", "Tabulated from the lengths scored so far (`--scored-only`): a cell with fewer "
                   "seeds, or –, is still to be scored."]  # fmt: skip
-    return "\n".join([*lines, *sweep.missing_lines(s), ""])
+    reused = sweep.commits_lines(s, results["runs"], itemgetter("scheme"), itemgetter("seed"))
+    return "\n".join([*lines, *sweep.missing_lines(s), *(["", *reused] if reused else []), ""])
 
 
 def _sliding_up_to(s: dict) -> int:

@@ -27,6 +27,7 @@ import pathlib
 import shlex
 import statistics
 import sys
+from operator import itemgetter
 
 from bench import args as options
 from bench.measure import ROOT
@@ -72,12 +73,23 @@ def measure(run: sweep.Run, label: str, mem_len: int, seed: int, args) -> dict:
 
 def kept(earlier: dict | None, settings: dict, run: sweep.Run) -> dict | None:
     """The row ``earlier`` (an ``init_best.json``) holds for ``run``, if measured with the same
-    settings and the run is unchanged since (or its folder gone)."""
+    settings and the run is unchanged since (or its folder gone), with where it was measured
+    (``sweep.MEASURED_AT``: its own if it has them, else the earlier JSON's)."""
     if earlier is None or any(earlier["settings"].get(k) != settings[k] for k in KEEP):
         return None
+    if sweep.recorded_corpus(earlier["settings"]) != sweep.recorded_corpus(settings):
+        return None  # another split of the corpus, or another Python's standard library
     row = next((r for r in earlier["runs"] if r["run"] == run.name), None)
     now = trained(run.workdir)
-    return row if row is not None and (now is None or row["trained"] == now) else None
+    if row is None or (now is not None and row["trained"] != now):
+        return None
+    measured = earlier["settings"]
+    at = {field: measured[field] for field in sweep.MEASURED_AT if field in measured}
+    return row if "commit" in row else {**at, **row}
+
+
+def _model(row: dict) -> str:
+    return f"{row['scheme']}, memory {row['memory']}"
 
 
 def _seeds_text(values: list, longest: int) -> str:
@@ -134,7 +146,8 @@ def render(results: dict) -> str:
     if s.get("missing"):
         lines += ["", "Not measured, so left out (no finished run of these steps in the runs folder: "
                   f"not trained yet, or its folder is gone): {', '.join(s['missing'])}."]  # fmt: skip
-    return "\n".join([*lines, ""])
+    reused = sweep.commits_lines(s, results["runs"], _model, seed=itemgetter("seed"))
+    return "\n".join([*lines, *(["", *reused] if reused else []), ""])
 
 
 def dry_run(runs: dict, results: dict, earlier: dict | None, args) -> str:

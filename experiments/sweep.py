@@ -259,25 +259,29 @@ def _restored(value, arrays):
     return {k: _restored(v, arrays) for k, v in value.items()}
 
 
-def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
-    """The runs an earlier write of a sweep's JSON at ``path`` holds, by the values of their
-    ``key`` fields, if its settings equal ``same`` (steps, overrides, ...; else none): a sweep
-    whose run folders are gone (another machine, a cleaned disk) reuses them instead of training
-    again. Each keeps the commit, machine and date it was measured at (``commit``, ``machine``,
-    ``date``; a run reused before keeps its own)."""
+def recorded_runs(path: pathlib.Path, **same) -> list[dict]:
+    """The runs an earlier write of a sweep's JSON at ``path`` holds, if its settings equal
+    ``same`` (steps, overrides, ...; else none): a sweep whose run folders are gone (another
+    machine, a cleaned disk) reuses them instead of training again. Each keeps the commit, machine
+    and date it was measured at (``commit``, ``machine``, ``date``; a run reused before keeps its
+    own)."""
     earlier = load(path)
     if earlier is None:
-        return {}
+        return []
     settings = earlier["settings"]
     if any(settings.get(name) != value for name, value in same.items()):
-        return {}
+        return []
     if recorded_corpus(settings) != (partition_of(sys.argv[1:]), python_of(sys.argv[1:])):
-        return {}  # another split of the corpus, or another Python's standard library
+        return []  # another split of the corpus, or another Python's standard library
     here = {field: settings[field] for field in MEASURED_AT if field in settings}
-    return {  # a run reused before carries where it was measured (its commit at least): kept whole
-        tuple(run[k] for k in key): run if "commit" in run else {**here, **run}
-        for run in earlier["runs"]
-    }
+    return [  # a run reused before carries where it was measured (its commit at least): kept whole
+        run if "commit" in run else {**here, **run} for run in earlier["runs"]
+    ]
+
+
+def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
+    """``recorded_runs`` by the values of their ``key`` fields."""
+    return {tuple(run[k] for k in key): run for run in recorded_runs(path, **same)}
 
 
 def reusable(path: pathlib.Path, runs: dict, key: Sequence[str], steps: int, **same) -> dict:
@@ -305,7 +309,7 @@ def reused_commits(results: dict) -> list[str]:
 def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list[str]:
     """The table's note on runs reused from an earlier commit (``recorded``), if any: by the
     commit, and the machine and date where the JSON kept them; each run called ``name(run)``, or,
-    with ``seed``, the runs of one name listed once with their ``seed(run)``s."""
+    with ``seed``, the runs of one name listed once with their ``seed(run)``s (each once)."""
     older: dict[tuple, dict[str, list]] = {}
     for run in _reused(settings, runs):
         where = tuple(run.get(f) for f in MEASURED_AT)
@@ -316,7 +320,7 @@ def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list
         listed = (
             ", ".join(named) if seed is None else "; ".join(
                 f"{n}: seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
-                for n, seeds in named.items()
+                for n, seeds in ((n, list(dict.fromkeys(seeds))) for n, seeds in named.items())
             )
         )  # fmt: skip
         lines.append(

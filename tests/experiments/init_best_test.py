@@ -37,6 +37,11 @@ def test_the_table_gives_each_scheme_its_init_best_and_gain_with_the_papers_figu
         in table  # fmt: skip
     assert table.index("| txl |") < table.index("| shaw |")  # by best bpc
     assert "or its folder is gone): shaw_mem64_seed1." in table
+    assert "Reused" not in table  # every row measured at this commit
+    older = {"commit": "abc1234", "machine": "AMD EPYC, 2 cores", "date": "2026-12-06"}
+    table = init_best.render(_results([runs[0] | older, runs[1] | older, runs[2]]))
+    assert "Reused from the JSON of commit abc1234 (AMD EPYC, 2 cores, 2026-12-06): txl, memory " \
+        "64: seeds 0, 1." in table  # fmt: skip
 
 
 def _args(tmp_path, *flags: str):
@@ -66,15 +71,20 @@ def test_a_killed_sweep_keeps_the_runs_it_measured_while_they_are_unchanged(tmp_
     run.workdir.mkdir()
     (run.workdir / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.0}}))
     settings = {"contexts": args.contexts, "tokens": args.tokens, "segment": args.segment,
-                "replicates": args.replicates}  # fmt: skip
-    earlier = {"settings": settings, "runs": [_row("txl", 8, 0, 8, [0.0, 0.0, 0.0])]}
-    assert init_best.kept(earlier, settings, run) == earlier["runs"][0]
+                "replicates": args.replicates, "partition": "dedup", "python": "3.11"}  # fmt: skip
+    at = {"commit": "abc1234", "machine": "AMD EPYC, 2 cores", "date": "2026-12-06"}
+    earlier = {"settings": settings | at, "runs": [_row("txl", 8, 0, 8, [0.0, 0.0, 0.0])]}
+    row = earlier["runs"][0] | at  # where it was measured goes with it
+    assert init_best.kept(earlier, settings, run) == row
     assert init_best.kept(earlier, settings | {"tokens": 2048}, run) is None  # other settings
+    assert init_best.kept(earlier, settings | {"partition": "hash"}, run) is None  # other corpus
     (run.workdir / "eval.json").write_text(json.dumps({"step": 10, "test": {"bpc": 2.5}}))
     assert init_best.kept(earlier, settings, run) is None  # retrained: measured again
     (run.workdir / "eval.json").unlink()
     run.workdir.rmdir()
-    assert init_best.kept(earlier, settings, run) == earlier["runs"][0]  # its folder gone: kept
+    assert init_best.kept(earlier, settings, run) == row  # its folder gone: kept
+    kept_before = {"settings": settings | {"commit": "def5678"}, "runs": [row]}
+    assert init_best.kept(kept_before, settings, run) == row  # kept again: still its own commit
 
 
 @pytest.mark.parametrize("mem_len", [8, 0])
