@@ -36,6 +36,14 @@ def mean_sd_text(values: Sequence[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
+def contexts_text(values: Sequence[int], longest: int | None) -> str:
+    """Contexts measured on a grid (each seed's RECL, best context): each seed's where they
+    differ, one where they agree (a mean of grid points would be a context no run chose); "≥" at
+    the grid's ``longest`` (a lower bound)."""
+    texts = [f"≥{v}" if v == longest else str(v) for v in values]
+    return ", ".join(texts) if len(set(values)) > 1 else texts[0]
+
+
 def apart(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether the means differ by more than twice the larger spread (never with one seed)."""
     (mean_a, sd_a), (mean_b, sd_b) = mean_sd(a), mean_sd(b)

@@ -31,7 +31,7 @@ from operator import itemgetter
 
 from bench import args as options
 from bench.measure import ROOT
-from experiments import ablation, sweep
+from experiments import ablation, compare, sweep
 from experiments.recl import BATCH_ROWS, trained
 from relpos_jax.analysis.context_losses import MEMORY, scoring_for, trained_window
 from relpos_jax.config import load_config
@@ -92,13 +92,6 @@ def _model(row: dict) -> str:
     return f"{row['scheme']}, memory {row['memory']}"
 
 
-def _seeds_text(values: list, longest: int) -> str:
-    """Each seed's best context where they differ, one where they agree; "≥" at the longest
-    context measured (a lower bound)."""
-    texts = [f"≥{v}" if v == longest else str(v) for v in values]
-    return ", ".join(texts) if len(set(values)) > 1 else texts[0]
-
-
 def render(results: dict) -> str:
     s = results["settings"]
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -140,7 +133,7 @@ def render(results: dict) -> str:
         beyond = sum(r["gain"][2] < 0 for r in rows)
         lines.append(
             f"| {scheme} | {memory} | {len(rows)} | {init:.4f} | "
-            f"{_seeds_text([r['best'] for r in rows], s['contexts'][-1])} | {best:.4f} | {gain:+.4f} | "
+            f"{compare.contexts_text([r['best'] for r in rows], s['contexts'][-1])} | {best:.4f} | {gain:+.4f} | "
             f"{beyond} of {len(rows)} | {PAPER.get((scheme, memory > 0), '')} |"
         )
     if s.get("missing"):

@@ -4,10 +4,11 @@
 
 Reads what the sweeps wrote in ``--results`` and renders ``README.md`` in ``--out``, a row for each
 scheme the JSONs measured × memory (a scheme no sweep has run yet, such as one just added, has no
-row: adding a scheme changes no table) and a column for each measure, mean ± sd over seeds (n, the number of seeds), or
-mean [95 % bootstrap interval] where every run of the column kept its evaluation windows (test bpc,
-from ``ablation_windows.npz``; bpc at 1×, 4×, 16×, from ``extrapolation_windows.npz``;
-``compare.Compare``):
+row: adding a scheme changes no table) and a column for each measure, mean ± sd over seeds (n, the
+number of seeds), or mean [95 % bootstrap interval] where every run of the column kept its
+evaluation windows (test bpc, from ``ablation_windows.npz``; bpc at 1×, 4×, 16×, from
+``extrapolation_windows.npz``; ``compare.Compare``); the context columns each seed's context where
+they differ (``compare.contexts_text``):
 
 - test bpc: ``experiments.ablation`` (``ablation.json``), memory as trained;
 - bpc at 1×, 4× and 16× the training length: ``experiments.extrapolation`` (``extrapolation.json``),
@@ -40,7 +41,7 @@ import pathlib
 from bench import args as options
 from experiments import probe_solved, sweep
 from experiments.common import label_order, scheme_of
-from experiments.compare import Compare, mean_sd_text, share_text
+from experiments.compare import Compare, contexts_text, mean_sd_text, share_text
 from relpos_jax.config import POSITIONS
 
 NOT_MEASURED = "not measured"
@@ -155,15 +156,17 @@ def _cell(
     compare: Compare | None = None,
     key=None,
 ) -> str:
-    """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; "≥" where a seed reached
-    ``longest`` (the longest context RECL or init/best measured: a lower bound)."""
+    """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; for the context columns
+    (``digits`` 0: RECL, best context) each seed's context where they differ, "≥" at ``longest``
+    (the longest context RECL or init/best measured: a lower bound)."""
     if not values:
         return NOT_MEASURED
     if key is not None and key[2] == NEEDLE:  # seeds that solve it: 1 each, else 0
         return share_text(int(sum(values)), len(values))
-    bound = "≥" if longest is not None and any(v >= longest for v in values) else ""
+    if digits == 0:
+        return f"{contexts_text([int(v) for v in values], longest)} ({len(values)})"
     text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
-    return f"{bound}{text} ({len(values)})"
+    return f"{text} ({len(values)})"
 
 
 def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
@@ -190,8 +193,9 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "# Leaderboard: every position scheme, with memory and without",
         "",
         "Gathered by `python -m experiments.leaderboard` from the sweeps' JSONs in this folder; mean ± "
-        "sample sd over seeds, the number of seeds in brackets; lower bpc is better, higher RECL "
-        "too; needle solved: the seeds that solve the needle probe, of those run, with the share's "
+        "sample sd over seeds, the number of seeds in brackets; RECL and best context: each "
+        "seed's context where they differ (≥: at the longest measured, a lower bound); lower bpc "
+        "is better, higher RECL too; needle solved: the seeds that solve the needle probe, of those run, with the share's "
         "exact 95% interval (its own models; without memory, the key inside the segment). Bpc at "
         "1×, 4× and 16× the training length is measured on models trained without memory, on the "
         "extrapolation sweep's tokens (the test bpc column reads the whole split). Best context: "

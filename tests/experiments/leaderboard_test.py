@@ -63,11 +63,9 @@ def test_the_leaderboard_gathers_every_sweep_with_spreads_and_says_what_is_missi
     full = leaderboard.render(*_full(tmp_path / "full"))
     assert _row(full, "learned", "no")[1:4] == [leaderboard.NOT_APPLICABLE] * 3  # clamped table
     assert leaderboard.NOT_MEASURED not in full
-    assert _row(full, "txl", "yes")[4] == "≥128 ± 0 (1)"  # the longest context: a lower bound
-    assert _row(full, "txl", "no")[4] == "64 ± 0 (1)"
-    assert (
-        _row(full, "txl", "yes")[5] == "128 ± 0 (1)" and _row(full, "txl", "no")[5] == "64 ± 0 (1)"
-    )
+    assert _row(full, "txl", "yes")[4] == "≥128 (1)"  # the longest context: a lower bound
+    assert _row(full, "txl", "no")[4] == "64 (1)"
+    assert _row(full, "txl", "yes")[5] == "128 (1)" and _row(full, "txl", "no")[5] == "64 (1)"
 
 
 def _full(folder, best_memory: int = 128):
@@ -160,3 +158,13 @@ def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
         {"ablation.json": ablation, "init_best.json": {**init_best, "steps": 500}}
     )
     assert other.startswith("Not one set of models: best context come")
+
+
+def test_the_context_columns_give_each_seeds_context_where_they_differ(tmp_path):
+    _write(tmp_path / "init_best.json", "i", [
+        {"scheme": "shaw", "memory": 64, "seed": s, "best": best} for s, best in enumerate((64, 256, 64))
+    ] + [{"scheme": "shaw", "memory": 0, "seed": s, "best": 0} for s in range(3)],
+        contexts=[0, 64, 128, 256])  # fmt: skip
+    table = leaderboard.render(*leaderboard.gather(tmp_path))
+    assert _row(table, "shaw", "yes")[5] == "64, ≥256, 64 (3)"  # not a mean no run chose: 128
+    assert _row(table, "shaw", "no")[5] == "0 (3)"
