@@ -236,6 +236,18 @@ def shares_p(a: tuple[int, int], b: tuple[int, int]) -> float:
     return stratified_shares_p([(a, b)])
 
 
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of the p values of ``ps`` (tests of one family, such as a scheme
+    each), in their order: the i-th smallest times the tests left (m − i + 1), never below the
+    adjusted one before it, at most 1. One in ``ps`` is below 0.05 after it with probability at most
+    0.05 where every null hypothesis holds."""
+    adjusted, running = [0.0] * len(ps), 0.0
+    for rank, index in enumerate(sorted(range(len(ps)), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 def stratified_shares_p(pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]]) -> float:
     """The two-sided p of the exact conditional test that, in every stratum (a pair of shares
     ``(a, b)``, each ``(k, n)``: one scheme's seeds under two conditions), the odds of success are

@@ -1,8 +1,9 @@
 """The core comparison from one command: one set of models, trained to a plateau, feeding every
 column of the leaderboard, then the claim-by-claim table against the papers.
 
-    .venv/bin/python -m experiments.core [--steps 4000] [--seeds 0,1,2] [--probe-seeds 0,1,2,3,4,5,6]
-        [--runs runs/core] [--out docs/results] [--dry-run] [--finished-only]
+    .venv/bin/python -m experiments.core [--steps 4000] [--seeds 0,1,2]
+        [--probe-seeds 0,1,2,3,4,5,6,7] [--runs runs/core] [--out docs/results] [--dry-run]
+        [--finished-only]
 
 In order, each a sweep of its own that resumes where it stopped:
 
@@ -88,7 +89,7 @@ def main() -> None:
     parser = options.parser(__doc__)
     parser.add_argument("--steps", type=int, default=4000, help="every model's training steps")
     parser.add_argument("--seeds", type=options.ints, default="0,1,2", help="train.seed values")
-    parser.add_argument("--probe-seeds", type=options.ints, default="0,1,2,3,4,5,6")
+    parser.add_argument("--probe-seeds", type=options.ints, default="0,1,2,3,4,5,6,7")
     parser.add_argument("--dry-run", action="store_true", help="list the training runs only")
     parser.add_argument(
         "--finished-only", action="store_true", help="train nothing: tabulate what has finished"

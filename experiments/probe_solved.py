@@ -2,8 +2,9 @@
 probe trains on reaches ``SOLVED``. The lookup is learnt or not, so a mean over seeds that mixes
 solved and unsolved seeds says little; the tables give the share of seeds that solve it, with its
 exact 95 % interval, and whether the shares with memory and with the key in the segment differ
-(Fisher's exact test; over the schemes together, the exact test stratified by scheme):
-``compare.share_text``, ``compare.shares_p``, ``compare.stratified_shares_p``.
+(Fisher's exact test, a scheme each, adjusted for the schemes tested by Holm's method; over the
+schemes together, the exact test stratified by scheme): ``compare.share_text``,
+``compare.shares_p``, ``compare.holm``, ``compare.stratified_shares_p``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from experiments import compare
 
 SOLVED = 0.9  # a seed's accuracy over the trained distances that counts as solving the probe
-APART = 0.05  # Fisher's exact test: shares whose two-sided p is below this differ
+APART = 0.05  # shares whose two-sided p (Holm-adjusted over the schemes) is below this differ
 PARTLY = 0.1  # above chance by this much, below SOLVED: a seed that learnt the lookup in part
 
 
@@ -65,27 +66,32 @@ def solved_lines(results: dict) -> list[str]:
         f"Seeds that solve it (accuracy averaged over the trained distances {low}–{high} at least "
         f"{SOLVED}), of the seeds run, with the share's exact 95% interval (Clopper–Pearson)"
         + (
-            f"; p: Fisher's exact test, two-sided, that the shares with memory and in the segment "
-            f"differ (* below {APART}); over the schemes together, the exact test stratified by "
-            "scheme (each scheme's seeds compared with its own)"
+            "; p: Fisher's exact test, two-sided, that the shares with memory and in the segment "
+            "differ; Holm: that p adjusted for the schemes tested (Holm's step-down: with a test "
+            f"a scheme, one p below {APART} by chance alone is likely; * below {APART}); over the "
+            "schemes together, one exact test stratified by scheme (each scheme's seeds compared "
+            "with its own)"
             if paired
             else ""
         )
         + ":",
         "",
         "| scheme | " + " | ".join(c.replace("_", " ") for c in conditions) + " |"
-        + (" p |" if paired else ""),
-        "|---|" + "---:|" * (len(conditions) + paired),
+        + (" p | Holm |" if paired else ""),
+        "|---|" + "---:|" * (len(conditions) + 2 * paired),
     ]  # fmt: skip
-    for scheme in dict.fromkeys(scheme for scheme, _ in counts):
+    schemes = list(dict.fromkeys(scheme for scheme, _ in counts))
+    tested = [s for s in schemes if (s, "memory") in counts and (s, "in_segment") in counts]
+    ps = [compare.shares_p(counts[s, "memory"], counts[s, "in_segment"]) for s in tested]
+    both = {s: (p, adjusted) for s, p, adjusted in zip(tested, ps, compare.holm(ps), strict=True)}
+    for scheme in schemes:
         cells = [
             compare.share_text(*counts[scheme, c]) if (scheme, c) in counts else ""
             for c in conditions
         ]
         if paired:
-            cells.append(
-                _p_text(counts.get((scheme, "memory")), counts.get((scheme, "in_segment")))
-            )
+            p, adjusted = both.get(scheme, (None, None))
+            cells += ["", ""] if p is None else [_p_format(p, star=False), _p_format(adjusted)]
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     return lines + (_pooled_line(counts) if paired else []) + _partly_lines(results)
 
@@ -126,7 +132,7 @@ def _pooled_line(counts: dict[tuple[str, str], tuple[int, int]]) -> list[str]:
     p = compare.stratified_shares_p(pairs)
     return [
         f"| {len(pairs)} schemes together (p stratified by scheme) | {memory} of {seeds} "
-        f"| {in_segment} of {seeds_in_segment} | {_p_format(p)} |"
+        f"| {in_segment} of {seeds_in_segment} | {_p_format(p)} | |"
     ]
 
 
@@ -136,11 +142,5 @@ def _total(shares) -> tuple[int, int]:
     return sum(k for k, _ in shares), sum(n for _, n in shares)
 
 
-def _p_text(memory: tuple[int, int] | None, in_segment: tuple[int, int] | None) -> str:
-    if memory is None or in_segment is None:
-        return ""
-    return _p_format(compare.shares_p(memory, in_segment))
-
-
-def _p_format(p: float) -> str:
-    return (f"{p:.3f}" if p >= 0.001 else "< 0.001") + (" *" if p < APART else "")
+def _p_format(p: float, star: bool = True) -> str:
+    return (f"{p:.3f}" if p >= 0.001 else "< 0.001") + (" *" if star and p < APART else "")

@@ -2,7 +2,7 @@
 at all (the key inside the segment)? Accuracy against distance.
 
     .venv/bin/python -m experiments.probes [--config configs/probe_needle.py] [--schemes txl,alibi,...]
-        [--conditions memory,in_segment,no_memory] [--seeds 0,1,2,3,4,5,6] [--steps N]
+        [--conditions memory,in_segment,no_memory] [--seeds 0,1,2,3,4,5,6,7] [--steps N]
         [--distances 8,16,...] [--set model.n_layers=1 ...] [--dry-run]
 
 Each (scheme, condition, seed) is one ``train.py`` + ``eval.py`` run of the probe config (a
@@ -291,7 +291,7 @@ def main() -> None:
         help=f"from {','.join(CONDITIONS)} (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--seeds", type=options.ints, default="0,1,2,3,4,5,6",
+        "--seeds", type=options.ints, default="0,1,2,3,4,5,6,7",
         help="train.seed values (the lookup is learnt or not: 6–8 seeds give its share)",
     )  # fmt: skip
     sweep.add_options(parser)

@@ -76,6 +76,20 @@ def _results(per_seed: dict) -> dict:
     return {"settings": settings, "chance": 0.1, "runs": runs}
 
 
+def test_holms_adjustment_multiplies_by_the_tests_left_and_never_falls():
+    assert compare.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert compare.holm([0.5, 0.9]) == [1.0, 1.0] and compare.holm([0.02]) == [0.02]
+    assert compare.holm([]) == []
+
+
+def test_a_p_below_the_bar_for_one_scheme_of_several_is_not_marked_after_holm():
+    runs = {(scheme, "memory"): [0.1] * 8 for scheme in ("txl", "shaw", "t5")}
+    runs |= {("txl", "in_segment"): [1.0] * 5 + [0.1] * 3}  # 0 vs 5 of 8: p = 0.026
+    runs |= {(scheme, "in_segment"): [0.1] * 8 for scheme in ("shaw", "t5")}
+    lines = probe_solved.solved_lines(_results(runs))
+    assert "| txl | 0 of 8 [0.00, 0.37] | 5 of 8 [0.24, 0.91] | 0.026 | 0.077 |" in lines
+
+
 def test_the_solved_table_gives_a_row_a_scheme_and_marks_shares_that_differ():
     results = _results({
         ("txl", "memory"): [0.1] * 8,
@@ -86,13 +100,13 @@ def test_the_solved_table_gives_a_row_a_scheme_and_marks_shares_that_differ():
     })  # fmt: skip
     assert probe_solved.solved_by(results)["shaw", "memory"] == (1, 2)
     lines = probe_solved.solved_lines(results)
-    assert "| scheme | memory | in segment | p |" in lines
-    assert "| txl | 0 of 8 [0.00, 0.37] | 8 of 8 [0.63, 1.00] | < 0.001 * |" in lines
-    assert "| shaw | 1 of 2 [0.01, 0.99] | 1 of 2 [0.01, 0.99] | 1.000 |" in lines
-    assert "| rope | 0 of 1 [0.00, 0.97] |  |  |" in lines
+    assert "| scheme | memory | in segment | p | Holm |" in lines
+    assert "| txl | 0 of 8 [0.00, 0.37] | 8 of 8 [0.63, 1.00] | < 0.001 | < 0.001 * |" in lines
+    assert "| shaw | 1 of 2 [0.01, 0.99] | 1 of 2 [0.01, 0.99] | 1.000 | 1.000 |" in lines
+    assert "| rope | 0 of 1 [0.00, 0.97] |  |  |  |" in lines
     pooled = compare.stratified_shares_p([((0, 8), (8, 8)), ((1, 2), (1, 2))])
     together = "| 2 schemes together (p stratified by scheme) | 1 of 10 | 9 of 10 |"
-    assert lines[-3] == f"{together} {pooled:.3f} * |"
+    assert lines[-3] == f"{together} {pooled:.3f} * | |"
     assert lines[-1] == (
         "Learnt in part (accuracy over the trained distances 0.20 to below 0.9): shaw, in segment: "
         "seed 1 (0.25); rope, memory: seed 0 (0.89)."
