@@ -131,10 +131,10 @@ def render(results: dict) -> str:
         best = statistics.mean(r["bpc"][str(r["best"])] for r in rows)
         gain = statistics.mean(r["gain"][0] for r in rows)
         beyond = sum(r["gain"][2] < 0 for r in rows)
+        contexts = compare.contexts_text([r["best"] for r in rows], s["contexts"][-1])
         lines.append(
-            f"| {scheme} | {memory} | {len(rows)} | {init:.4f} | "
-            f"{compare.contexts_text([r['best'] for r in rows], s['contexts'][-1])} | {best:.4f} | {gain:+.4f} | "
-            f"{beyond} of {len(rows)} | {PAPER.get((scheme, memory > 0), '')} |"
+            f"| {scheme} | {memory} | {len(rows)} | {init:.4f} | {contexts} | {best:.4f} | "
+            f"{gain:+.4f} | {beyond} of {len(rows)} | {PAPER.get((scheme, memory > 0), '')} |"
         )
     if s.get("missing"):
         lines += ["", "Not measured, so left out (no finished run of these steps in the runs folder: "

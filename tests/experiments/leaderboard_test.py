@@ -162,7 +162,8 @@ def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
 
 def test_the_context_columns_give_each_seeds_context_where_they_differ(tmp_path):
     _write(tmp_path / "init_best.json", "i", [
-        {"scheme": "shaw", "memory": 64, "seed": s, "best": best} for s, best in enumerate((64, 256, 64))
+        {"scheme": "shaw", "memory": 64, "seed": s, "best": best}
+        for s, best in enumerate((64, 256, 64))
     ] + [{"scheme": "shaw", "memory": 0, "seed": s, "best": 0} for s in range(3)],
         contexts=[0, 64, 128, 256])  # fmt: skip
     table = leaderboard.render(*leaderboard.gather(tmp_path))
