@@ -378,5 +378,5 @@ def test_the_core_comparison_reuses_the_runs_its_committed_json_holds():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     workdirs = {line.split("--workdir ")[1].split()[0] for line in result.stdout.splitlines()}
-    assert "runs/x/deberta_mem64_seed0" in workdirs  # not in docs/results/ablation.json
+    assert "runs/x/none_mem64_seed0" in workdirs  # not in docs/results/ablation.json
     assert "runs/x/txl_mem64_seed0" not in workdirs  # measured there: reused, not listed
