@@ -74,7 +74,7 @@ def measure(run: sweep.Run, label: str, mem_len: int, seed: int, args) -> dict:
 def kept(earlier: dict | None, settings: dict, run: sweep.Run) -> dict | None:
     """The row ``earlier`` (an ``init_best.json``) holds for ``run``, if measured with the same
     settings and the run is unchanged since (or its folder gone), with where it was measured
-    (``sweep.MEASURED_AT``: its own if it has them, else the earlier JSON's)."""
+    (``sweep.with_measured_at``)."""
     if earlier is None or any(earlier["settings"].get(k) != settings[k] for k in KEEP):
         return None
     if sweep.recorded_corpus(earlier["settings"]) != sweep.recorded_corpus(settings):
@@ -83,9 +83,7 @@ def kept(earlier: dict | None, settings: dict, run: sweep.Run) -> dict | None:
     now = trained(run.workdir)
     if row is None or (now is not None and row["trained"] != now):
         return None
-    measured = earlier["settings"]
-    at = {field: measured[field] for field in sweep.MEASURED_AT if field in measured}
-    return row if "commit" in row else {**at, **row}
+    return sweep.with_measured_at(row, earlier["settings"])
 
 
 def _model(row: dict) -> str:

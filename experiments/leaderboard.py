@@ -49,6 +49,7 @@ NOT_APPLICABLE = "n/a"
 NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
 FACTORS = (1, 4, 16)  # the extrapolation columns: bpc at these multiples of the trained length
 NEEDLE = "needle solved"  # seeds that solve the needle probe, of those run
+CONTEXTS = {"RECL (r = 0.1)": "recl.json", "best context": "init_best.json"}  # grid columns: source
 COLUMNS = (
     "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "best context",
     NEEDLE,
@@ -156,14 +157,14 @@ def _cell(
     compare: Compare | None = None,
     key=None,
 ) -> str:
-    """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; for the context columns
-    (``digits`` 0: RECL, best context) each seed's context where they differ, "≥" at ``longest``
-    (the longest context RECL or init/best measured: a lower bound)."""
+    """Mean ± sd (seeds), or mean [interval] by ``compare``'s rule; in the context columns
+    (``CONTEXTS``) each seed's context where they differ, "≥" at ``longest`` (the longest context
+    RECL or init/best measured: a lower bound)."""
     if not values:
         return NOT_MEASURED
     if key is not None and key[2] == NEEDLE:  # seeds that solve it: 1 each, else 0
         return share_text(int(sum(values)), len(values))
-    if digits == 0:
+    if key is not None and key[2] in CONTEXTS:
         return f"{contexts_text([int(v) for v in values], longest)} ({len(values)})"
     text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
     return f"{text} ({len(values)})"
@@ -179,10 +180,9 @@ def _comparisons(cells: dict, windows: dict) -> dict[str, Compare]:
 
 
 def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -> str:
-    digits = {"RECL (r = 0.1)": 0, "best context": 0}
     longest = {  # the longest context measured: a value there is a lower bound
         column: contexts[-1]
-        for column, name in (("RECL (r = 0.1)", "recl.json"), ("best context", "init_best.json"))
+        for column, name in CONTEXTS.items()
         if (contexts := (sources.get(name) or {}).get("contexts"))
     }
     compare = {c: k for c, k in _comparisons(cells, windows or {}).items() if k.bootstrap}
@@ -196,7 +196,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
         "sample sd over seeds, the number of seeds in brackets; RECL and best context: each "
         "seed's context where they differ (≥: at the longest measured, a lower bound); lower bpc "
         "is better, higher RECL too; needle solved: the seeds that solve the needle probe, of "
-        "those run, with the share's exact 95% interval (its own models; without memory, the key inside the segment). Bpc at "
+        "those run, with the share's exact 95% interval (its own models; without memory, the key "
+        "inside the segment). Bpc at "
         "1×, 4× and 16× the training length is measured on models trained without memory, on the "
         "extrapolation sweep's tokens (the test bpc column reads the whole split). Best context: "
         "the evaluation context c (memory, or window before the segment) where a run scores best, "
@@ -221,8 +222,8 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
                     row.append(NOT_APPLICABLE)
                     continue
                 values = cells.get((scheme, memory, column))
-                row.append(_cell(values, digits.get(column, 4), longest.get(column),
-                                 compare.get(column), (scheme, memory, column)))  # fmt: skip
+                row.append(_cell(values, 4, longest.get(column), compare.get(column),
+                                 (scheme, memory, column)))  # fmt: skip
             lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
     lines += [
         "",

@@ -273,10 +273,15 @@ def recorded_runs(path: pathlib.Path, **same) -> list[dict]:
         return []
     if recorded_corpus(settings) != (partition_of(sys.argv[1:]), python_of(sys.argv[1:])):
         return []  # another split of the corpus, or another Python's standard library
+    return [with_measured_at(run, settings) for run in earlier["runs"]]
+
+
+def with_measured_at(run: dict, settings: dict) -> dict:
+    """``run``, a run of a sweep's JSON with these ``settings``, with where it was measured
+    (``MEASURED_AT``): a run reused before carries its own (its commit at least), kept whole;
+    else the JSON's."""
     here = {field: settings[field] for field in MEASURED_AT if field in settings}
-    return [  # a run reused before carries where it was measured (its commit at least): kept whole
-        run if "commit" in run else {**here, **run} for run in earlier["runs"]
-    ]
+    return run if "commit" in run else {**here, **run}
 
 
 def recorded(path: pathlib.Path, key: Sequence[str], **same) -> dict[tuple, dict]:
@@ -310,17 +315,17 @@ def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list
     """The table's note on runs reused from an earlier commit (``recorded``), if any: by the
     commit, and the machine and date where the JSON kept them; each run called ``name(run)``, or,
     with ``seed``, the runs of one name listed once with their ``seed(run)``s (each once)."""
-    older: dict[tuple, dict[str, list]] = {}
+    older: dict[tuple, dict[str, dict]] = {}  # the seeds of a name as dict keys: each once
     for run in _reused(settings, runs):
         where = tuple(run.get(f) for f in MEASURED_AT)
-        older.setdefault(where, {}).setdefault(name(run), []).append(seed and seed(run))
+        older.setdefault(where, {}).setdefault(name(run), {})[seed and seed(run)] = None
     lines = []
     for (commit, *where), named in older.items():
         at = ", ".join(filter(None, where))
         listed = (
             ", ".join(named) if seed is None else "; ".join(
                 f"{n}: seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
-                for n, seeds in ((n, list(dict.fromkeys(seeds))) for n, seeds in named.items())
+                for n, seeds in named.items()
             )
         )  # fmt: skip
         lines.append(
