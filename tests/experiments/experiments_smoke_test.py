@@ -371,12 +371,19 @@ def test_the_core_comparison_lists_every_training_run_once_from_one_command(tmp_
                and "_pi" not in line)  # fmt: skip
 
 
-def test_the_core_comparison_reuses_the_runs_its_committed_json_holds():
+def test_the_core_comparison_reuses_the_runs_its_committed_json_holds(tmp_path):
+    committed = json.loads((ROOT / "docs/results/ablation.json").read_text())
+    dropped = ("shaw", 64, 0)  # as if never measured: the one run of the JSON to train again
+    committed["runs"] = [
+        row for row in committed["runs"] if (row["scheme"], row["memory"], row["seed"]) != dropped
+    ]
+    (tmp_path / "ablation.json").write_text(json.dumps(committed))
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.core", "--dry-run", "--seeds", "0", "--runs", "runs/x"],
+        [sys.executable, "-m", "experiments.core", "--dry-run", "--seeds", "0", "--runs", "runs/x",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     workdirs = {line.split("--workdir ")[1].split()[0] for line in result.stdout.splitlines()}
-    assert "runs/x/none_mem64_seed0" in workdirs  # not in docs/results/ablation.json
+    assert "runs/x/shaw_mem64_seed0" in workdirs  # dropped from the JSON: trained
     assert "runs/x/txl_mem64_seed0" not in workdirs  # measured there: reused, not listed
