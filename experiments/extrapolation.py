@@ -20,8 +20,9 @@ Each length's bpc and evaluation windows are kept in the run's folder as soon as
 more ``--factors`` scores only the new lengths (and lengths scored before windows were kept), and
 ``--scored-only`` tabulates what has been scored so far (the table marks the cells still missing).
 A run whose folder is gone (another machine, a cleaned disk) is tabulated from the rows its
-``extrapolation.json`` in ``--out`` holds, where they were scored with the same settings
-(``reusable_rows``): the table names the commit they were measured at.
+``extrapolation.json`` in ``--out`` holds, where they were scored with the same settings and
+hold every cell (``reusable_rows``; else it is trained and scored again): the table names the
+commit they were measured at.
 
 Lengths from ``--tiled-from`` on run through the tiled attention path (memory linear in L).
 
@@ -73,7 +74,7 @@ from experiments.common import (
     extrapolation_run_name,
 )
 from experiments.extrapolation_scoring import ROPE_EXTENSIONS as ROPE_EXTENSIONS  # the rows it adds
-from experiments.extrapolation_scoring import labels_of, score
+from experiments.extrapolation_scoring import labels_of, protocols_at, score
 from experiments.extrapolation_tables import plot, render
 from relpos_jax.config import load_config
 from relpos_jax.positions.rope_stretch import yarn_betas
@@ -199,6 +200,16 @@ def past_label(kind: str) -> str:
     return f"{fine_tuned_label(kind)}, at 2× its length"
 
 
+def own_rows(scheme: str, args) -> list[tuple[str, list[int]]]:
+    """(label, lengths) of each row a run of ``scheme`` gives: its own at every length, RoPE's
+    extensions only up to ``--extensions-up-to``."""
+    return [
+        (label, [args.train_len * f for f in args.factors
+                 if kind is None or f <= args.extensions_up_to])
+        for label, kind in labels_of(scheme)
+    ]  # fmt: skip
+
+
 def fine_tuned_rows(kind: str, factor: int, args) -> list[tuple[str, list[int]]]:
     """(row, [L]) a fine-tune at ``factor`` is scored in: its length, and twice it where swept."""
     length = args.train_len * factor
@@ -206,8 +217,14 @@ def fine_tuned_rows(kind: str, factor: int, args) -> list[tuple[str, list[int]]]
     return rows + ([(past_label(kind), [2 * length])] if 2 * factor in args.factors else [])
 
 
-def _scored_lengths(row: dict) -> set[str]:
-    return {length for by_length in row["bpc"].values() for length in by_length}
+def _cells(row: dict) -> set[tuple[str, str]]:
+    """(protocol, length) of every cell a row holds."""
+    return {(protocol, n) for protocol, by_length in row["bpc"].items() for n in by_length}
+
+
+def _every_cell(lengths: list[int], args) -> set[tuple[str, str]]:
+    """(protocol, length) of every cell a row scored at ``lengths`` holds once it is complete."""
+    return {(protocol, str(n)) for n in lengths for protocol in protocols_at(n, args)}
 
 
 def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dict]:
@@ -216,7 +233,8 @@ def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dic
     (``same``; the fine-tunes' also with the same ``--pi-steps``, ``--fine-tune`` and factors): a
     sweep whose run folders are gone (another machine, a cleaned disk) tabulates them instead of
     training again. A run is reused only with every row it scores, a fine-tune only with the RoPE
-    run it started from; each row keeps where it was measured (``sweep.recorded_runs``)."""
+    run it started from, and a row only with every cell (not one tabulated by ``--scored-only``
+    before it was finished); each row keeps where it was measured (``sweep.recorded_runs``)."""
     path = pathlib.Path(args.out) / "extrapolation.json"
 
     def rows_of(earlier, scheme: str, variant: str, seed: int, wanted) -> list[dict] | None:
@@ -226,7 +244,7 @@ def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dic
                 row for row in earlier
                 if (row["scheme"], row["variant"], row["seed"], row["label"])
                 == (scheme, variant, seed, label)
-                and (lengths is None or _scored_lengths(row) == {str(n) for n in lengths})
+                and _cells(row) == _every_cell(lengths, args)
             ]  # fmt: skip
         return rows if len(rows) == len(wanted) else None
 
@@ -235,7 +253,7 @@ def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dic
         key: rows
         for key, run in runs.items()
         if run.result(args.steps) is None
-        and (rows := rows_of(earlier, *key, [(label, None) for label, _ in labels_of(key[0])]))
+        and (rows := rows_of(earlier, *key, own_rows(key[0], args)))
     }  # fmt: skip
     earlier = sweep.recorded_runs(
         path, **same, pi_steps=args.pi_steps, fine_tune=list(args.fine_tune),

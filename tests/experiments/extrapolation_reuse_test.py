@@ -26,12 +26,15 @@ def _args(tmp_path, **changed) -> argparse.Namespace:
         schemes=["txl", "rope"], seeds=[0], runs=str(tmp_path / "runs"), out=str(tmp_path / "out"),
         steps=10, set=["model.n_layers=1"], models="ablation", variants=["defaults"],
         train_len=16, factors=[1, 2, 4], extensions_up_to=4, pi_steps=2, fine_tune=("linear",),
-        **changed,
+        sliding_up_to=SCORING["sliding_up_to"], **changed,
     )  # fmt: skip
 
 
 def _row(scheme: str, label: str, lengths: list[int]) -> dict:
-    bpc = {"non-overlapping": {str(n): 2.0 + n / 100 for n in lengths}}
+    bpc = {  # sliding windows up to sliding_up_to, as extrapolation_scoring.protocols_at
+        "non-overlapping": {str(n): 2.0 + n / 100 for n in lengths},
+        "sliding": {str(n): 1.9 + n / 100 for n in lengths if n <= SCORING["sliding_up_to"]},
+    }
     return {"scheme": scheme, "variant": "defaults", "seed": 0, "label": label, "bpc": bpc,
             "bpc_windows": {}}  # fmt: skip
 
@@ -88,6 +91,19 @@ def test_a_finished_folder_a_missing_row_or_other_settings_are_scored_again(tmp_
     _write(tmp_path, _rows(), pi_steps=5)  # fine-tuned longer: the models alone are reused
     base, tuned = _reusable(_args(tmp_path))
     assert ("rope", "defaults", 0) in base and tuned == {}
+
+
+def test_a_run_whose_rows_were_tabulated_before_every_cell_was_scored_is_scored_again(tmp_path):
+    rows = _rows()  # as --scored-only writes a table partway: txl's sliding window at 32 not yet
+    del next(row for row in rows if row["label"] == "txl")["bpc"]["sliding"]["32"]
+    _write(tmp_path, rows)
+    base, _ = _reusable(_args(tmp_path))
+    assert sorted(base) == [("rope", "defaults", 0)]
+    for row in rows:  # RoPE's own row without its longest length
+        if row["label"] == "rope":
+            del row["bpc"]["non-overlapping"]["64"]
+    _write(tmp_path, rows)
+    assert _reusable(_args(tmp_path)) == ({}, {})  # and its fine-tunes with it
 
 
 def test_the_table_names_the_commit_its_reused_rows_were_measured_at(tmp_path):
