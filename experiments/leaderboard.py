@@ -49,6 +49,7 @@ NOT_APPLICABLE = "n/a"
 NO_EXTRAPOLATION = ("learned",)  # a table of max_len rows: no position past it was ever trained
 FACTORS = (1, 4, 16)  # the extrapolation columns: bpc at these multiples of the trained length
 NEEDLE = "needle solved"  # seeds that solve the needle probe, of those run
+DIGITS = 4  # of a bpc cell
 CONTEXTS = {"RECL (r = 0.1)": "recl.json", "best context": "init_best.json"}  # grid columns: source
 COLUMNS = (
     "test bpc", *(f"bpc at {f}×" for f in FACTORS), "RECL (r = 0.1)", "best context",
@@ -152,7 +153,6 @@ def gather(results_dir: pathlib.Path) -> tuple[dict, dict[str, dict], dict]:
 
 def _cell(
     values: list[float] | None,
-    digits: int,
     longest: float | None = None,
     compare: Compare | None = None,
     key=None,
@@ -166,7 +166,7 @@ def _cell(
         return share_text(int(sum(values)), len(values))
     if key is not None and key[2] in CONTEXTS:
         return f"{contexts_text([int(v) for v in values], longest)} ({len(values)})"
-    text = compare.cell(key, digits) if compare else mean_sd_text(values, digits)
+    text = compare.cell(key, DIGITS) if compare else mean_sd_text(values, DIGITS)
     return f"{text} ({len(values)})"
 
 
@@ -222,7 +222,7 @@ def render(cells: dict, sources: dict[str, dict], windows: dict | None = None) -
                     row.append(NOT_APPLICABLE)
                     continue
                 values = cells.get((scheme, memory, column))
-                row.append(_cell(values, 4, longest.get(column), compare.get(column),
+                row.append(_cell(values, longest.get(column), compare.get(column),
                                  (scheme, memory, column)))  # fmt: skip
             lines.append(f"| {scheme} | {'yes' if memory else 'no'} | " + " | ".join(row) + " |")
     lines += [

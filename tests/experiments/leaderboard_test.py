@@ -124,7 +124,7 @@ def test_the_needle_column_counts_the_seeds_that_solve_it_at_the_trained_distanc
     cells = {}
     leaderboard._needle(probe, cells)
     key = ("txl", True, leaderboard.NEEDLE)
-    assert leaderboard._cell(cells[key], 4, key=key) == "1 of 2 [0.01, 0.99]"
+    assert leaderboard._cell(cells[key], key=key) == "1 of 2 [0.01, 0.99]"
 
 
 def test_the_leaderboard_says_whether_its_columns_come_from_one_set_of_models():
