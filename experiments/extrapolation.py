@@ -268,6 +268,19 @@ def reusable_rows(args, runs: dict, fine_tunes: dict, **same) -> tuple[dict, dic
     return base, tuned
 
 
+def in_sweep_order(*groups: tuple[dict, dict, dict]) -> list[dict]:
+    """The rows of each group (its runs by key as the sweep lists them, the rows reused and those
+    scored here, each by key) in the order of its runs (``--schemes``, then seeds; the fine-tunes
+    after): the table, its seeded intervals and its plot are the same whichever runs were reused."""
+    return [
+        row
+        for every, *rows_by_key in groups
+        for key in every
+        for rows in rows_by_key
+        for row in rows.get(key, [])
+    ]
+
+
 def _row(scheme: str, variant: str, seed: int, label: str, scored) -> dict:
     """A row of the sweep's JSON: one run's label, its bpc and its windows (in blocks), by protocol
     and length."""
@@ -339,17 +352,32 @@ def main() -> None:
         "yarn": yarn_betas(args.train_len), "sliding_up_to": args.sliding_up_to,
         "models": args.models, "sets": list(args.set),
     }  # fmt: skip
-    runs = runs_of(args)
-    fine_tunes = fine_tune_runs_of(args, runs)
-    reused, reused_tunes = reusable_rows(args, runs, fine_tunes, **scoring)
-    runs = {k: run for k, run in runs.items() if k not in reused}
-    fine_tunes = {k: run for k, run in fine_tunes.items() if k not in reused_tunes}
+    every_run = runs_of(args)
+    every_tune = fine_tune_runs_of(args, every_run)
+    reused, reused_tunes = reusable_rows(args, every_run, every_tune, **scoring)
+    runs = {k: run for k, run in every_run.items() if k not in reused}
+    fine_tunes = {k: run for k, run in every_tune.items() if k not in reused_tunes}
     if args.dry_run:  # the fine-tunes after the runs they start from
         sweep.list_pending((runs.values(), args.steps), (fine_tunes.values(), args.pi_steps))
         return
     runs, _, missing = sweep.finish(runs, args)
     fine_tune_args = argparse.Namespace(**{**vars(args), "steps": args.pi_steps})
     fine_tunes, _, fine_tunes_missing = sweep.finish(fine_tunes, fine_tune_args)
+    scored_runs = {
+        key: [
+            _row(*key, label, scored)
+            for label, scored in score(run, labels_of(key[0]), args.lengths, args).items()
+        ]
+        for key, run in runs.items()
+    }
+    scored_tunes = {
+        (kind, factor, seed): [
+            _row("rope", "defaults", seed, label, scored)
+            for label, lengths in fine_tuned_rows(kind, factor, args)
+            for label, scored in score(run, ((label, None),), lengths, args).items()
+        ]
+        for (kind, factor, seed), run in fine_tunes.items()
+    }
     results = {
         "settings": sweep.settings(
             ["experiments.extrapolation", *sys.argv[1:]], **scoring, seeds=list(args.seeds),
@@ -357,16 +385,9 @@ def main() -> None:
             pi_steps=args.pi_steps, pi_factors=pi_factors(args), fine_tune=list(args.fine_tune),
             missing=missing + fine_tunes_missing,
         ),
-        "runs": [
-            _row(scheme, variant, seed, label, scored)
-            for (scheme, variant, seed), run in runs.items()
-            for label, scored in score(run, labels_of(scheme), args.lengths, args).items()
-        ] + [
-            _row("rope", "defaults", seed, label, scored)
-            for (kind, factor, seed), run in fine_tunes.items()
-            for label, lengths in fine_tuned_rows(kind, factor, args)
-            for label, scored in score(run, ((label, None),), lengths, args).items()
-        ] + [row for rows in (*reused.values(), *reused_tunes.values()) for row in rows],
+        "runs": in_sweep_order(
+            (every_run, reused, scored_runs), (every_tune, reused_tunes, scored_tunes)
+        ),
     }  # fmt: skip
     sweep.publish(args.out, "extrapolation", results, render, plot)
 

@@ -117,3 +117,16 @@ def test_the_table_names_the_commit_its_reused_rows_were_measured_at(tmp_path):
     assert "Reused from the JSON of commit abc1234 (AMD EPYC, 2 cores, 2026-12-06): txl: seed 0; " \
         "rope: seed 0." in table  # fmt: skip
     assert "Reused" not in extrapolation_tables.render({"settings": settings, "runs": _rows()})
+
+
+def test_the_rows_keep_the_sweeps_order_whichever_runs_were_scored_here(tmp_path):
+    _write(tmp_path, _rows())
+    args = _args(tmp_path)
+    runs = extrapolation.runs_of(args)
+    fine_tunes = extrapolation.fine_tune_runs_of(args, runs)
+    base, tuned = extrapolation.reusable_rows(args, runs, fine_tunes, **SCORING)
+    scored_here = {key: base.pop(key) for key in [("rope", "defaults", 0)]}  # TXL's reused
+    rows = extrapolation.in_sweep_order((runs, base, scored_here), (fine_tunes, tuned, {}))
+    listed = [(row["scheme"], row["label"], row["bpc"]["non-overlapping"]) for row in rows]
+    written = [(row["scheme"], row["label"], row["bpc"]["non-overlapping"]) for row in _rows()]
+    assert listed == written  # TXL first (--schemes), then RoPE, then its fine-tunes
