@@ -53,8 +53,10 @@ def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, positi
         model, 3, 16, 24
     )
     assert count == 999 and len(window_tokens) == 3 * 21  # rows of 20 segments of 16 and one of 13
-    for per_call in (1, 4, 21, 64):  # 4: five blocks and one filled up; 64: one block of 21
+    # 4: five blocks and one filled up (or, filling nothing, one shorter); 64: one block of 21
+    for per_call, fill in ((1, 0), (4, evaluate_lib.FILL_AT_MOST), (4, 0), (21, 0), (64, 0)):
         monkeypatch.setattr(evaluate_lib, "SEGMENTS_PER_CALL", per_call)
+        monkeypatch.setattr(evaluate_lib, "FILL_AT_MOST", fill)
         result = evaluate_lib.evaluate(
             model, pipeline.ArrayStream(TOKENS), batch_size=3, segment_len=16, mem_len=24
         )
@@ -83,6 +85,16 @@ def test_blocks_are_stacked_and_the_last_filled_with_zero_weight_segments():
     (only,) = evaluate_lib._blocks(batches[:3], 16)
     assert only["inputs"].shape == (3, 2, 3)
     assert list(evaluate_lib._blocks([], 4)) == []
+
+
+def test_a_last_block_whose_filling_would_score_many_tokens_is_shorter_instead(monkeypatch):
+    batches = [{"inputs": np.full((2, 3), k + 1), "weights": np.ones((2, 3))} for k in range(5)]
+    monkeypatch.setattr(evaluate_lib, "FILL_AT_MOST", 17)  # 3 segments of 2 × 3 would be 18
+    blocks = list(evaluate_lib._blocks(batches, 4))
+    assert [b["inputs"].shape for b in blocks] == [(4, 2, 3), (1, 2, 3)]
+    np.testing.assert_array_equal(blocks[1]["inputs"][:, 0, 0], [5])
+    monkeypatch.setattr(evaluate_lib, "FILL_AT_MOST", 18)
+    assert [b["inputs"].shape for b in evaluate_lib._blocks(batches, 4)] == [(4, 2, 3)] * 2
 
 
 def test_models_scored_alike_have_the_same_windows_and_can_be_paired():
