@@ -125,7 +125,8 @@ def test_the_rows_keep_the_sweeps_order_whichever_runs_were_scored_here(tmp_path
     runs = extrapolation.runs_of(args)
     fine_tunes = extrapolation.fine_tune_runs_of(args, runs)
     base, tuned = extrapolation.reusable_rows(args, runs, fine_tunes, **SCORING)
-    scored_here = {key: base.pop(key) for key in [("rope", "defaults", 0)]}  # TXL's reused
+    rope = ("rope", "defaults", 0)
+    scored_here = {rope: base.pop(rope)}  # TXL's reused
     rows = extrapolation.in_sweep_order((runs, base, scored_here), (fine_tunes, tuned, {}))
     listed = [(row["scheme"], row["label"], row["bpc"]["non-overlapping"]) for row in rows]
     written = [(row["scheme"], row["label"], row["bpc"]["non-overlapping"]) for row in _rows()]
