@@ -32,7 +32,8 @@ def main(argv: list[str]) -> None:
 
     from relpos_jax.config import Config
     from relpos_jax.errors import accelerator_error
-    from relpos_jax.evaluate import restore_model, run_eval, save_results
+    from relpos_jax.eval_results import save_results
+    from relpos_jax.evaluate import restore_model, run_eval
 
     workdir = cli.workdir()
     running = workdir / "eval.running"  # there while an evaluation runs: a killed one leaves it

@@ -68,7 +68,7 @@ def windows_of(workdir: pathlib.Path, split: str = "test", at_most: int = WINDOW
     """``{"bits", "tokens", "layout"}`` of a run's evaluation windows of ``split`` (beside its
     ``eval.json``), consecutive windows summed into at most ``at_most`` blocks (alike for every run
     scored on the same windows: still paired); None where its eval.json kept none."""
-    from relpos_jax.evaluate import load_windows
+    from relpos_jax.eval_results import load_windows
 
     found = load_windows(workdir, split)
     return None if found is None else in_blocks(found, at_most)

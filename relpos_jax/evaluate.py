@@ -13,8 +13,7 @@ Beside the totals, the result keeps each window's summed bits and scored tokens 
 window is one row of one segment (``evaluate``: T consecutive tokens of the text, in the text's
 order) or one sliding window (``evaluate_sliding``), so that ``relpos_jax.analysis.bootstrap`` can
 resample them, paired across models scored on the same split with the same segment, rows and
-tokens. ``save_results`` writes them beside ``eval.json`` (``eval_windows.npz``), ``load_windows``
-reads them back (None for an ``eval.json`` written without them).
+tokens; ``relpos_jax.eval_results`` keeps them beside ``eval.json``.
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import math
-import pathlib
 import time
 from typing import Any
 
@@ -339,53 +336,3 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
     for split in splits:
         results[split] = evaluate_split(model, config, split, settings=settings, mesh=mesh)
     return results
-
-
-WINDOWS_FILE = "eval_windows.npz"
-"""Each split's windows (``<split>.bits``, ``<split>.tokens``), beside ``eval.json``."""
-
-
-def save_results(workdir, results: dict[str, Any]) -> pathlib.Path:
-    """``eval.json`` in ``workdir`` from ``run_eval``'s ``results`` (plus what the caller added); the
-    splits' windows go to ``eval_windows.npz`` beside it, written first and whole (a killed write
-    leaves none), and eval.json keeps of them only their file, count and layout: it stays small,
-    and an eval.json without them (written before) still reads."""
-    workdir = pathlib.Path(workdir)
-    arrays, summary = {}, {}
-    for key, value in results.items():
-        windows = value.get("windows") if isinstance(value, dict) else None
-        if isinstance(windows, dict) and "bits" in windows:
-            arrays[f"{key}.bits"] = np.asarray(windows["bits"], np.float64)
-            arrays[f"{key}.tokens"] = np.asarray(windows["tokens"], np.int64)
-            value = {**value, "windows": {
-                "file": WINDOWS_FILE, "count": len(windows["bits"]), "layout": windows["layout"],
-            }}  # fmt: skip
-        summary[key] = value
-    if arrays:
-        partial = workdir / f"{WINDOWS_FILE}.partial"
-        with partial.open("wb") as f:
-            np.savez_compressed(f, **arrays)
-        partial.replace(workdir / WINDOWS_FILE)
-    path = workdir / "eval.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
-
-
-def load_windows(workdir, split: str) -> dict[str, Any] | None:
-    """``{"bits", "tokens", "layout"}`` of ``split`` as ``save_results`` wrote them in ``workdir``;
-    None where its eval.json has none (written before windows were kept) or the file they are in is
-    missing or does not match eval.json."""
-    workdir = pathlib.Path(workdir)
-    done = workdir / "eval.json"
-    if not done.exists():
-        return None
-    entry = (json.loads(done.read_text()).get(split) or {}).get("windows")
-    if not isinstance(entry, dict) or not (workdir / entry.get("file", "")).is_file():
-        return None
-    with np.load(workdir / entry["file"]) as arrays:
-        if f"{split}.bits" not in arrays:
-            return None
-        bits, tokens = arrays[f"{split}.bits"], arrays[f"{split}.tokens"]
-    if len(bits) != entry["count"] or len(tokens) != entry["count"]:
-        return None
-    return {"bits": bits, "tokens": tokens, "layout": entry["layout"]}

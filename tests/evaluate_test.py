@@ -1,6 +1,6 @@
 """``evaluate`` scores blocks of segments in one call each (``score_segments``): the same numbers as
 scoring one segment at a time, whatever the block size; its windows (each row of each segment, or
-each sliding window) fall alike for every model, and go beside ``eval.json`` (``save_results``)."""
+each sliding window) fall alike for every model, and go beside ``eval.json`` (``eval_results``)."""
 
 import json
 
@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from relpos_jax import eval_results
 from relpos_jax import evaluate as evaluate_lib
 from relpos_jax.analysis import bootstrap
 from relpos_jax.analysis.bootstrap import Scores
@@ -153,7 +154,7 @@ def test_windows_are_saved_beside_a_small_eval_json_and_read_back(tmp_path):
                  "windows": {"bits": bits, "tokens": tokens, "layout": "segments of 8"}},
         "step": 4,
     }  # fmt: skip
-    evaluate_lib.save_results(tmp_path, results)
+    eval_results.save_results(tmp_path, results)
     written = json.loads((tmp_path / "eval.json").read_text())
     assert written["test"]["windows"] == {
         "file": "eval_windows.npz",
@@ -162,15 +163,15 @@ def test_windows_are_saved_beside_a_small_eval_json_and_read_back(tmp_path):
     }
     assert written["step"] == 4 and written["test"]["bpc"] == 1.5
     assert results["test"]["windows"]["bits"] is bits  # the caller's results are left as they were
-    back = evaluate_lib.load_windows(tmp_path, "test")
+    back = eval_results.load_windows(tmp_path, "test")
     np.testing.assert_array_equal(back["bits"], bits)
     np.testing.assert_array_equal(back["tokens"], tokens)
     assert back["layout"] == "segments of 8" and back["bits"].dtype == np.float64
-    assert evaluate_lib.load_windows(tmp_path, "valid") is None  # not evaluated
+    assert eval_results.load_windows(tmp_path, "valid") is None  # not evaluated
     assert not list(tmp_path.glob("*.partial"))
     # an eval.json from before windows were kept, or without its file: no windows, no error
     (tmp_path / "eval_windows.npz").unlink()
-    assert evaluate_lib.load_windows(tmp_path, "test") is None
+    assert eval_results.load_windows(tmp_path, "test") is None
     (tmp_path / "eval.json").write_text(json.dumps({"step": 4, "test": {"bpc": 1.5}}))
-    assert evaluate_lib.load_windows(tmp_path, "test") is None
-    assert evaluate_lib.load_windows(tmp_path / "nothing", "test") is None
+    assert eval_results.load_windows(tmp_path, "test") is None
+    assert eval_results.load_windows(tmp_path / "nothing", "test") is None

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from relpos_jax.config import ConfigError, MeshConfig
-from relpos_jax.evaluate import load_windows, restore_model, run_eval
+from relpos_jax.eval_results import load_windows
+from relpos_jax.evaluate import restore_model, run_eval
 from relpos_jax.train import Trainer
 from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
 

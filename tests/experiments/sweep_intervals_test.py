@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import ablation, compare, leaderboard, sweep
-from relpos_jax import evaluate
+from relpos_jax import eval_results
 
 T, W = 8, 200  # tokens a window, windows
 LAYOUT = f"segments of {T}, 4 rows, {T * W} targets"
@@ -134,7 +134,7 @@ def test_windows_go_beside_the_sweeps_json_and_come_back(tmp_path):
 def test_a_runs_windows_are_read_from_its_folder_in_blocks(tmp_path):
     bits, tokens = np.arange(10.0) + 1.0, np.full(10, 4)
     windows = {"bits": bits, "tokens": tokens, "layout": "segments of 4, 1 rows, 40 targets"}
-    evaluate.save_results(tmp_path, {"step": 3, "test": {"bpc": 1.0, "windows": windows}})
+    eval_results.save_results(tmp_path, {"step": 3, "test": {"bpc": 1.0, "windows": windows}})
     whole = compare.windows_of(tmp_path, "test")
     np.testing.assert_array_equal(whole["bits"], bits)
     assert whole["layout"] == windows["layout"]
