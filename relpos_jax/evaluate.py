@@ -31,8 +31,9 @@ import numpy as np
 from flax import nnx
 
 from relpos_jax import data as data_lib
-from relpos_jax import sharding
+from relpos_jax import eval_progress, sharding
 from relpos_jax.config import Config, ConfigError, ModelConfig
+from relpos_jax.eval_progress import PassProgress
 from relpos_jax.memory import scan_segments
 from relpos_jax.metrics import BITS_PER_NAT
 from relpos_jax.model import TransformerLM
@@ -128,13 +129,16 @@ def evaluate(
     scored_from: int = 0,
     whole_segments: bool = False,
     mesh: jax.sharding.Mesh | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Mean loss over every target of ``stream`` (or its first ``max_tokens``), exactly once; with
     ``scored_from``, over those at offset ``scored_from`` or later in their segment only (the rest
     are read, not scored: the latter half of each segment, where a half-loss model trained). With
     ``whole_segments``, rows are whole segments long (``data.eval_batches``): each segment starts at
     a multiple of ``segment_len``. With a ``mesh``, the rows of each batch are split over its batch
-    axes (``_score``). Its ``windows``: each row of each segment, row by row (the text's order)."""
+    axes (``_score``). Its ``windows``: each row of each segment, row by row (the text's order).
+    With ``progress``, the pass is kept as it goes and goes on where a stopped one with the same
+    progress stopped (``relpos_jax.eval_progress``)."""
     if not 0 <= scored_from < segment_len:
         raise ValueError(
             f"evaluate: scored_from={scored_from} is invalid; use an offset in [0, {segment_len})"
@@ -146,7 +150,7 @@ def evaluate(
     )
     if scored_from:
         batches = ({**b, "weights": _from_offset(b["weights"], scored_from)} for b in batches)
-    result = _score(model, batches, mem_len, mesh=mesh, by_row=True)
+    result = _score(model, batches, mem_len, mesh=mesh, by_row=True, progress=progress)
     rows = first["inputs"].shape[0]  # batch_size, or fewer where the split is short
     # what decides where the windows fall (not mem_len: with memory or without, the same windows)
     result["windows"]["layout"] = (
@@ -172,12 +176,14 @@ def evaluate_sliding(
     stride: int,
     max_tokens: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """The sliding-window protocol (no memory): every target once, after ≥ ``window − stride`` tokens
     of context recomputed from scratch; ``stride`` 1 is the vanilla model of the Transformer-XL paper's
-    evaluation-speed table, which recomputes its whole context for every token."""
+    evaluation-speed table, which recomputes its whole context for every token. ``progress``: as
+    ``evaluate``'s."""
     batches = data_lib.sliding_batches(stream, batch_size, window, stride, max_tokens)
-    result = _score(model, batches, 0, mesh=mesh)  # no memory: each window on its own
+    result = _score(model, batches, 0, mesh=mesh, progress=progress)  # no memory: windows alone
     tokens = result["tokens"]
     result["windows"]["layout"] = f"sliding windows of {window}, stride {stride}, {tokens} targets"
     return result
@@ -191,7 +197,7 @@ def _peek(batches):
 
 
 def _score(
-    model: TransformerLM, batches, mem_len: int, *, mesh=None, by_row: bool = False
+    model: TransformerLM, batches, mem_len: int, *, mesh=None, by_row=False, progress=None
 ) -> dict[str, Any]:
     """Sums the weighted losses of ``batches``, ``SEGMENTS_PER_CALL`` of them a call
     (``score_segments``), the memory carried from each to the next. Calls are queued without
@@ -199,24 +205,37 @@ def _score(
     ``mesh`` (one process), parameters are laid out by the training rules and each batch's rows,
     and the memory's, are split over the batch axes when they divide them (else the batch is
     replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core.
-    The windows (``_windows``) are each batch row's sums, batch by batch, or ``by_row``."""
+    The windows (``_windows``) are each batch row's sums, batch by batch, or ``by_row``. With a
+    ``progress`` (``PassProgress``, one process), the blocks it kept are skipped and their sums and
+    memory taken up, and the sums and memory so far are kept whenever it is ``due``."""
     graphdef, state = nnx.split(model)
     if mesh is not None and jax.process_count() > 1:
         mesh = None  # each process's batches are its own rows; not placed on a global mesh
     if mesh is not None:
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
+    if jax.process_count() > 1:
+        progress = None
     start = time.perf_counter()
-    sums, mems = [], None
-    for block in _blocks(batches, SEGMENTS_PER_CALL):
+    kept, sums, kept_mems = progress.resumed() if progress is not None else (0, [], None)
+    kept_tokens = float(np.sum(sums[0]["row_count"])) if sums else 0.0
+    mems = None
+    for index, block in enumerate(_blocks(batches, SEGMENTS_PER_CALL)):
+        if index < kept:
+            continue
         if mems is None:
             mems = model.init_mems(block["inputs"].shape[1], mem_len, keys_values=True)
+            mems = mems if kept_mems is None else eval_progress.restored(mems, kept_mems)
         if mesh is not None:
             block, mems = _placed(block, mems, mesh)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             block_sums, mems = score_segments(graphdef, state, block, mems)
         sums.append(block_sums)
+        if progress is not None and progress.due():
+            sums = progress.keep(index + 1, sums, mems)
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
+    if progress is not None:
+        progress.done()
     total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0] if "position" in k}
     window_loss, window_count = _windows(sums, by_row)
     total_count = float(window_count.sum())
@@ -229,7 +248,7 @@ def _score(
         "bits_per_token": mean * BITS_PER_NAT,
         "ppl": math.exp(min(mean, 700.0)),
         "tokens": int(total_count),
-        "tokens_per_sec": float(total_count / seconds),
+        "tokens_per_sec": float((total_count - kept_tokens) / seconds),  # scored by this call
         # mean bits per token at each position of the segment, its first query first
         "bpc_by_position": [round(float(b) * BITS_PER_NAT, 5) for b in by_position],
         # each window's summed bits and scored tokens (the layout is set by the caller)
