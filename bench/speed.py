@@ -11,7 +11,7 @@ same model as ours, run as its authors wrote it.
 
 For each scheme and dtype, training tokens/s (forward, backward, Adam, memory carried) and evaluation
 tokens/s (forward with memory, no gradient; relpos_jax scores as ``evaluate`` does: its memory
-kept as projected keys and values, ``evaluate.SEGMENTS_PER_CALL`` segments a compiled call with the
+kept as projected keys and values, ``evaluate.segments_per_call`` segments a compiled call with the
 memory carried by ``jax.lax.scan``, while the peers score a segment a call, as their code does, and
 project their memory of hidden states again for every segment) of relpos_jax and of its
 x-transformers counterpart —
@@ -75,12 +75,12 @@ def ours(
     mems_sharding = sharding.memory_sharding(mesh, keys_values=keys_values)
     mems = model.init_mems(batch, keys_values=keys_values)
     carry = {"mems": jax.device_put(mems, mems_sharding)}
-    if task == "eval":  # as ``evaluate`` scores: SEGMENTS_PER_CALL segments a compiled call
+    if task == "eval":  # as ``evaluate`` scores: segments_per_call segments a compiled call
         from relpos_jax import evaluate
 
         graphdef, state = nnx.split(model)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
-        per_call = evaluate.SEGMENTS_PER_CALL
+        per_call = evaluate.segments_per_call(batch * seg)
         block = {"inputs": inputs, "targets": targets, "weights": jnp.ones(inputs.shape)}
         block = jax.device_put(
             {k: jnp.stack([v] * per_call) for k, v in block.items()},

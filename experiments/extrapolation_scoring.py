@@ -7,7 +7,9 @@ windows (each segment row's, or each sliding window's, summed bits and scored to
 ``relpos_jax.evaluate`` returns them) in ``extrapolation_windows_<digest>.npz`` beside it, both
 written whole and then renamed into place, the windows first; ``<digest>`` names the scoring
 settings (tokens, stride, YaRN's β: ``cache_files``), so cells scored with other settings (the first
-131,072 tokens, the whole split) stay side by side. A stopped sweep goes on from the next cell; a cell
+131,072 tokens, the whole split) stay side by side. A stopped sweep goes on from the next cell, and
+the cell it was scoring from the blocks its pass kept (``pass_progress``: at most a minute of
+scoring lost, where a pass at 32,768 over the whole split is an hour on a CPU); a cell
 scored before windows were kept is scored again (``--scored-only`` tabulates it as it is), so that
 every cell of the tables can carry a bootstrap interval, paired across the rows scored on the same
 tokens (``experiments.compare``). Segments lie in rows of whole segments, each at a multiple of its
@@ -30,6 +32,7 @@ from bench.measure import ROOT
 from experiments import sweep
 from experiments.extrapolation_tables import PROTOCOLS
 from relpos_jax.config import load_config
+from relpos_jax.eval_progress import PassProgress
 from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
 
 ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
@@ -44,11 +47,13 @@ class Scored(NamedTuple):
     windows: dict[str, dict[str, dict]]
 
 
-def measure(model, stream, length: int, protocols, args) -> dict[str, dict]:
+def measure(model, stream, length: int, protocols, args, progress=None) -> dict[str, dict]:
     """``evaluate``'s result (``bpc``, ``windows``, …) at evaluation length ``length`` under each of
-    ``protocols``."""
+    ``protocols``; ``progress``: ``{protocol: PassProgress}``, where the passes keep their progress
+    (``pass_progress``)."""
     from relpos_jax.evaluate import evaluate, evaluate_sliding
 
+    progress = progress or {}
     batch = max(1, args.batch_tokens // length)
     stride = min(args.stride or max(1, length // 2), length)
     tokens = args.tokens or None  # 0: the whole split
@@ -61,9 +66,16 @@ def measure(model, stream, length: int, protocols, args) -> dict[str, dict]:
             mem_len=0,
             max_tokens=tokens,
             whole_segments=True,
+            progress=progress.get("non-overlapping"),
         ),
         "sliding": lambda: evaluate_sliding(
-            model, stream, batch_size=batch, window=length, stride=stride, max_tokens=tokens
+            model,
+            stream,
+            batch_size=batch,
+            window=length,
+            stride=stride,
+            max_tokens=tokens,
+            progress=progress.get("sliding"),
         ),
     }
     return {protocol: scorers[protocol]() for protocol in protocols}
@@ -105,6 +117,16 @@ def _stored(workdir: pathlib.Path, key: dict) -> tuple[dict, pathlib.Path]:
         cache, windows = workdir / LEGACY_CACHE, workdir / LEGACY_WINDOWS_FILE
     stored = json.loads(cache.read_text()) if cache.exists() else {}
     return (stored if stored.get("key") == key else {}), windows
+
+
+def pass_progress(workdir: pathlib.Path, cell: dict) -> PassProgress:
+    """Where the pass that scores one cell keeps its progress until the cell is kept: a file of
+    its own beside the run's cells, named by ``cell`` (the scoring settings, the row, protocol and
+    length, the checkpoint's step, the attention and batch), which a pass goes on from only if all
+    of them are the same."""
+    name = json.dumps(cell, sort_keys=True)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return PassProgress(workdir / f"extrapolation_pass_{digest}.npz", name)
 
 
 def on_segment_grid(windows: dict, length: str) -> bool:
@@ -189,7 +211,12 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
     kept in the run's folder as soon as it is measured (``_Cells``), so a stopped sweep goes on
     from the next; ``--scored-only`` measures nothing."""
     from relpos_jax import data
-    from relpos_jax.evaluate import restore_model, with_config
+    from relpos_jax.evaluate import (
+        SEGMENTS_PER_CALL,
+        TOKENS_PER_CALL,
+        restore_model,
+        with_config,
+    )
 
     cells = _Cells(run.workdir, scoring_key(args))
     own = labels[0][0]
@@ -215,18 +242,30 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
                 continue
             if model is None:
                 config = load_config(ROOT / run.config, list(run.settings))
-                model, cfg, _ = restore_model(config, run.workdir)
+                model, cfg, step = restore_model(config, run.workdir)
                 stream = data.open_data(cfg.data, "test")
             impl = "tiled" if length >= args.tiled_from else cfg.model.attention_impl
             model_config = dataclasses.replace(
                 cfg.model, attention_impl=impl, rope_scaling=scaling or cfg.model.rope_scaling
             )
-            start = time.perf_counter()
-            measured = measure(with_config(model, model_config), stream, length, todo, args)
-            seconds = time.perf_counter() - start
-            for protocol, result in measured.items():
+            cell = {
+                **cells.key,
+                "row": label,
+                "length": n,
+                "step": step,
+                "attention": impl,
+                "batch_tokens": args.batch_tokens,
+                "a_call": [SEGMENTS_PER_CALL, TOKENS_PER_CALL],  # segments, tokens
+            }
+            scored_model = with_config(model, model_config)
+            start, measured = time.perf_counter(), {}
+            for protocol in todo:  # each cell kept as soon as it is measured
+                progress = {protocol: pass_progress(run.workdir, {**cell, "protocol": protocol})}
+                measured |= measure(scored_model, stream, length, [protocol], args, progress)
+                result = measured[protocol]
                 cells.put(label, protocol, n, result["bpc"], result["windows"])
-            cells.save()
+                cells.save()
+            seconds = time.perf_counter() - start
             values = " / ".join(f"{p} {r['bpc']:.4f}" for p, r in measured.items())
             print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)
     if copied and not args.scored_only:

@@ -169,7 +169,7 @@ def train_step(config: Any, devices: Sequence[Any]) -> Program:
 
 
 def eval_step(config: Any, devices: Sequence[Any]) -> Program:
-    """The evaluation call of ``config`` (``evaluate.score_segments``: ``SEGMENTS_PER_CALL``
+    """The evaluation call of ``config`` (``evaluate.score_segments``: ``segments_per_call``
     segments of ``eval.*``, keys and values kept as memory) compiled for ``devices``."""
     cfg = Config.from_any(config)
     mesh = _checked_mesh(cfg, devices)
@@ -181,7 +181,8 @@ def eval_step(config: Any, devices: Sequence[Any]) -> Program:
         graphdef, state = nnx.split(model)
         rows = settings.batch_size
         split = rows % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0  # else replicated
-        shape = (evaluate.SEGMENTS_PER_CALL, rows, settings.segment_len)
+        per_call = evaluate.segments_per_call(rows * settings.segment_len)
+        shape = (per_call, rows, settings.segment_len)
         segments = sharding.segments_sharding(mesh) if split else sharding.replicated(mesh)
         block = {  # as ``evaluate._placed`` places them
             "inputs": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=segments),

@@ -90,8 +90,18 @@ def with_config(model: TransformerLM, model_config: ModelConfig) -> TransformerL
 
 SEGMENTS_PER_CALL = 16
 """Segments that one compiled call scores, the memory carried between them by ``jax.lax.scan``."""
+TOKENS_PER_CALL = 1 << 16
+"""Fewer segments a call where they are long (``segments_per_call``): a call of as many tokens takes
+seconds on a CPU, its overhead is nothing beside it, and a pass kept as it goes (``PassProgress``)
+is kept between calls."""
 FILL_AT_MOST = 1 << 18
 """Zero-weight tokens the last call may be filled up with to keep one shape; beyond, it is shorter."""
+
+
+def segments_per_call(batch_tokens: int) -> int:
+    """Segments of ``batch_tokens`` tokens (rows × length) that one call scores: ``SEGMENTS_PER_CALL``,
+    or as many as make ``TOKENS_PER_CALL`` (at least one)."""
+    return max(1, min(SEGMENTS_PER_CALL, TOKENS_PER_CALL // batch_tokens))
 
 
 def loss_sums(target_log_probs: jax.Array, segment: dict) -> dict[str, jax.Array]:
@@ -199,7 +209,7 @@ def _peek(batches):
 def _score(
     model: TransformerLM, batches, mem_len: int, *, mesh=None, by_row=False, progress=None
 ) -> dict[str, Any]:
-    """Sums the weighted losses of ``batches``, ``SEGMENTS_PER_CALL`` of them a call
+    """Sums the weighted losses of ``batches``, ``segments_per_call`` of them a call
     (``score_segments``), the memory carried from each to the next. Calls are queued without
     waiting for their results (at most two ahead), which are read once, at the end. With a
     ``mesh`` (one process), parameters are laid out by the training rules and each batch's rows,
@@ -219,7 +229,8 @@ def _score(
     kept, sums, kept_mems = progress.resumed() if progress is not None else (0, [], None)
     kept_tokens = float(np.sum(sums[0]["row_count"])) if sums else 0.0
     mems = None
-    for index, block in enumerate(_blocks(batches, SEGMENTS_PER_CALL)):
+    first, batches = _peek(batches)
+    for index, block in enumerate(_blocks(batches, segments_per_call(first["weights"].size))):
         if index < kept:
             continue
         if mems is None:

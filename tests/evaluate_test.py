@@ -74,6 +74,24 @@ def test_blocks_of_segments_score_like_one_segment_at_a_time(monkeypatch, positi
         assert point == pytest.approx(result["bpc"], rel=1e-14)
 
 
+def test_long_segments_are_scored_fewer_a_call_to_the_same_result(monkeypatch):
+    assert evaluate_lib.segments_per_call(16 * 64) == 16  # short segments: SEGMENTS_PER_CALL
+    assert evaluate_lib.segments_per_call(8192) == 8
+    assert evaluate_lib.segments_per_call(2 * 32768) == evaluate_lib.segments_per_call(1 << 20) == 1
+    model = tiny_model("txl", mem_len=24)
+    score = lambda: evaluate_lib.evaluate(  # noqa: E731  3 rows of 333: 21 segments of 16
+        model, pipeline.ArrayStream(TOKENS), batch_size=3, segment_len=16, mem_len=24
+    )
+    sixteen = score()
+    calls, counted = [], evaluate_lib.score_segments
+    monkeypatch.setattr(evaluate_lib, "score_segments", lambda *a: calls.append(1) or counted(*a))
+    monkeypatch.setattr(evaluate_lib, "TOKENS_PER_CALL", 4 * 3 * 16)  # 4 segments of 3 × 16
+    fewer = score()
+    assert len(calls) == 6  # 21 segments, 4 a call
+    np.testing.assert_allclose(fewer["loss"], sixteen["loss"], rtol=1e-6)
+    np.testing.assert_array_equal(fewer["windows"]["tokens"], sixteen["windows"]["tokens"])
+
+
 def test_blocks_are_stacked_and_the_last_filled_with_zero_weight_segments():
     batches = [
         {"inputs": np.full((2, 3), k + 1), "weights": np.ones((2, 3), np.float32)} for k in range(5)

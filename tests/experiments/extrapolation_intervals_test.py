@@ -228,6 +228,55 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
     assert set(kept["rope"].windows["sliding"]) == {"8"}
 
 
+def test_a_cell_stopped_while_scored_goes_on_from_its_kept_blocks(tiny, tmp_path, monkeypatch):
+    from flax import nnx
+
+    from relpos_jax import eval_progress, evaluate
+    from relpos_jax.config import Config
+    from relpos_jax.model import TransformerLM
+
+    config, _ = tiny
+    config = config.copy_and_resolve_references()
+    config.model.update(position="alibi", mem_len=0)
+    cfg = Config.from_any(config)
+    model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
+    monkeypatch.setattr(evaluate, "restore_model", lambda *_: (model, cfg, 10))
+    monkeypatch.setattr(extrapolation_scoring, "load_config", lambda *_: config)
+    monkeypatch.setattr(evaluate, "SEGMENTS_PER_CALL", 1)  # 96 tokens in rows of 4: 3 blocks at 8
+    monkeypatch.setattr(eval_progress.PassProgress, "due", lambda self: True)
+    labels, args = (("alibi", None),), _args(sliding_up_to=16)
+
+    def scored(folder):
+        folder.mkdir(exist_ok=True)  # the run's folder, where it trained
+        run = sweep.Run("alibi_mem0_seed0", folder, "configs/alibi_small.py", ())
+        return extrapolation_scoring.score(run, labels, [8, 16], args)["alibi"]
+
+    once = scored(tmp_path / "once")
+    blocks_of = evaluate._blocks
+
+    def stopped_at_the_second_block(batches, size):
+        for index, block in enumerate(blocks_of(batches, size)):
+            if index == 1:
+                raise KeyboardInterrupt
+            yield block
+
+    with monkeypatch.context() as stop:
+        stop.setattr(evaluate, "_blocks", stopped_at_the_second_block)
+        with pytest.raises(KeyboardInterrupt):
+            scored(tmp_path / "stopped")
+    (kept,) = (tmp_path / "stopped").glob("extrapolation_pass_*.npz")
+    with np.load(kept) as arrays:
+        cell = json.loads(str(arrays["key"]))
+        assert int(arrays["blocks"]) == 1
+    assert (cell["row"], cell["length"], cell["protocol"]) == ("alibi", "8", "non-overlapping")
+    again = scored(tmp_path / "stopped")
+    assert again.bpc == once.bpc  # every cell, bit for bit
+    for protocol, by_length in once.windows.items():
+        for n, w in by_length.items():
+            np.testing.assert_array_equal(again.windows[protocol][n]["bits"], w["bits"])
+    assert not list((tmp_path / "stopped").glob("extrapolation_pass_*"))
+
+
 def _key(**changes) -> dict:
     return extrapolation_scoring.scoring_key(_args(**changes))
 
