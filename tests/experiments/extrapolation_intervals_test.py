@@ -164,9 +164,8 @@ def _args(**changes) -> types.SimpleNamespace:
     })  # fmt: skip
 
 
-def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
-    tiny, tmp_path, monkeypatch, capsys
-):
+def _trained(tiny, position: str, monkeypatch) -> None:
+    """A fresh tiny ``position`` model (memory 0) stands for a run's checkpoint, step 10."""
     from flax import nnx
 
     from relpos_jax import evaluate
@@ -175,11 +174,17 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
 
     config, _ = tiny
     config = config.copy_and_resolve_references()
-    config.model.update(position="rope", mem_len=0)
+    config.model.update(position=position, mem_len=0)
     cfg = Config.from_any(config)
     model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
     monkeypatch.setattr(evaluate, "restore_model", lambda *_: (model, cfg, 10))
     monkeypatch.setattr(extrapolation_scoring, "load_config", lambda *_: config)
+
+
+def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    _trained(tiny, "rope", monkeypatch)
     run = sweep.Run("rope_mem0_seed0", tmp_path, "configs/rope_small.py", ())
     labels = (("rope", None), ("rope+ntk", "ntk"))
 
@@ -229,19 +234,9 @@ def test_a_runs_cells_keep_their_windows_and_older_cells_are_scored_again(
 
 
 def test_a_cell_stopped_while_scored_goes_on_from_its_kept_blocks(tiny, tmp_path, monkeypatch):
-    from flax import nnx
-
     from relpos_jax import eval_progress, evaluate
-    from relpos_jax.config import Config
-    from relpos_jax.model import TransformerLM
 
-    config, _ = tiny
-    config = config.copy_and_resolve_references()
-    config.model.update(position="alibi", mem_len=0)
-    cfg = Config.from_any(config)
-    model = TransformerLM(cfg.model, rngs=nnx.Rngs(0))
-    monkeypatch.setattr(evaluate, "restore_model", lambda *_: (model, cfg, 10))
-    monkeypatch.setattr(extrapolation_scoring, "load_config", lambda *_: config)
+    _trained(tiny, "alibi", monkeypatch)
     monkeypatch.setattr(evaluate, "SEGMENTS_PER_CALL", 1)  # 96 tokens in rows of 4: 3 blocks at 8
     monkeypatch.setattr(eval_progress.PassProgress, "due", lambda self: True)
     labels, args = (("alibi", None),), _args(sliding_up_to=16)
