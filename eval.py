@@ -5,8 +5,9 @@ valid and test over every token exactly once with the ``eval.*`` settings (segme
 clamp_len, same_length), writes ``eval.json`` in the work directory (each split's per-window bits
 and tokens, for bootstrap intervals, in ``eval_windows.npz`` beside it); ``--sample N`` prints N
 generated tokens (bytes, or words of a word-level corpus) after ``--prompt``. An evaluation that
-was killed leaves ``eval.running`` behind, and the next one says in its first line that it
-restarts from the first token.
+was killed leaves ``eval.running`` behind, and the next one says in its first line where it goes
+on from: each split from the scores its pass kept (``eval_<split>.progress.npz``, at most a minute
+old; one process), or from the first token.
 """
 
 from __future__ import annotations
@@ -32,21 +33,22 @@ def main(argv: list[str]) -> None:
 
     from relpos_jax.config import Config
     from relpos_jax.errors import accelerator_error
-    from relpos_jax.eval_results import save_results
+    from relpos_jax.eval_results import going_on, save_results, split_progress
     from relpos_jax.evaluate import restore_model, run_eval
 
     workdir = cli.workdir()
     running = workdir / "eval.running"  # there while an evaluation runs: a killed one leaves it
-    if running.exists():
-        cli.say(
-            f"restarting the evaluation from the first token: the one started "
-            f"{running.read_text().strip()} did not finish (evaluation keeps no partial scores)"
-        )
+    killed = running.read_text().strip() if running.exists() else None
     try:
         model, config, step = restore_model(cli.config(), workdir)
+        progress = {}
+        if jax.process_count() == 1:  # each split's pass kept as it goes, until eval.json is saved
+            progress = {s: split_progress(workdir, config, s, step) for s in _SPLITS.value}
+        if killed:
+            cli.say(going_on(killed, progress))
         if jax.process_index() == 0:
             running.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')}, splits {_SPLITS.value}\n")
-        results = run_eval(model, config, _SPLITS.value)
+        results = run_eval(model, config, _SPLITS.value, progress)
     except cli.USER_ERRORS as error:
         cli.exit_with(str(error))
     except jax.errors.JaxRuntimeError as error:
@@ -62,6 +64,8 @@ def main(argv: list[str]) -> None:
     if jax.process_index() == 0:
         save_results(workdir, results)
         running.unlink(missing_ok=True)
+        for kept in progress.values():
+            kept.done()
     for split in _SPLITS.value:
         r = results[split]
         cli.say(

@@ -265,6 +265,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
                 result = measured[protocol]
                 cells.put(label, protocol, n, result["bpc"], result["windows"])
                 cells.save()
+                progress[protocol].done()
             seconds = time.perf_counter() - start
             values = " / ".join(f"{p} {r['bpc']:.4f}" for p, r in measured.items())
             print(f"  {run.name} {label} L={length}: {values} ({seconds:.0f} s)", flush=True)

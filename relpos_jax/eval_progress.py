@@ -3,15 +3,16 @@
 ``relpos_jax.evaluate`` scores a split block by block (one compiled call each) and sums the
 blocks' losses on the host. Given a ``PassProgress``, it also writes what it has summed so far,
 the number of blocks done and the memory after them, to one file (written whole, then renamed
-into place) at most every ``every_s`` seconds; a pass started again with the same file and ``key``
-skips the blocks kept there and goes on from their sums and memory: the same result, bit for bit,
-as one pass (the sums are kept in float64 and added in the same order). ``key`` names the pass
-(model, data and settings: the caller's to say); a file with another key, or one that cannot be
-read, is ignored. The file is removed when the pass ends (``done``). One process: a pass whose rows
-are split over processes keeps nothing.
+into place) at most every ``every_s`` seconds, and once more at its end; a pass started again with
+the same file and ``key`` skips the blocks kept there and goes on from their sums and memory: the
+same result, bit for bit, as one pass (the sums are kept in float64 and added in the same order).
+``key`` names the pass (model, data and settings: the caller's to say); a file with another key, or
+one that cannot be read, is ignored. The caller removes the file (``done``) once it has stored the
+result, so that a stop in between loses nothing. One process: a pass whose rows are split over
+processes keeps nothing.
 
 On a CPU a pass at 32,768 tokens over a whole test split takes an hour; on an accelerator,
-seconds, so it ends before anything is due.
+seconds, and it is kept once, at its end.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class PassProgress:
         return [merged]
 
     def done(self) -> None:
-        """The pass ended: its progress is no longer needed."""
+        """The pass's result is stored: its progress is no longer needed."""
         self.path.unlink(missing_ok=True)
 
 
@@ -93,7 +94,8 @@ def restored(template: Any, leaves: list[np.ndarray]) -> Any:
     target = jax.tree.leaves(template)
     if [np.shape(x) for x in leaves] != [np.shape(x) for x in target]:
         raise ValueError("eval_progress: the kept memory does not match this pass's")
-    values = [np.asarray(x).astype(np.result_type(t)) for x, t in zip(leaves, target, strict=True)]
+    dtypes = [t.dtype if hasattr(t, "dtype") else type(t) for t in target]
+    values = [np.asarray(x).astype(d) for x, d in zip(leaves, dtypes, strict=True)]
     return jax.tree.unflatten(jax.tree.structure(template), values)
 
 

@@ -148,7 +148,7 @@ def evaluate(
     a multiple of ``segment_len``. With a ``mesh``, the rows of each batch are split over its batch
     axes (``_score``). Its ``windows``: each row of each segment, row by row (the text's order).
     With ``progress``, the pass is kept as it goes and goes on where a stopped one with the same
-    progress stopped (``relpos_jax.eval_progress``)."""
+    progress stopped (``relpos_jax.eval_progress``; ``progress.done()`` once the result is stored)."""
     if not 0 <= scored_from < segment_len:
         raise ValueError(
             f"evaluate: scored_from={scored_from} is invalid; use an offset in [0, {segment_len})"
@@ -217,7 +217,8 @@ def _score(
     replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core.
     The windows (``_windows``) are each batch row's sums, batch by batch, or ``by_row``. With a
     ``progress`` (``PassProgress``, one process), the blocks it kept are skipped and their sums and
-    memory taken up, and the sums and memory so far are kept whenever it is ``due``."""
+    memory taken up, the sums and memory so far are kept whenever it is ``due`` and at the end: the
+    caller removes them (``done``) once it has stored the result."""
     graphdef, state = nnx.split(model)
     if mesh is not None and jax.process_count() > 1:
         mesh = None  # each process's batches are its own rows; not placed on a global mesh
@@ -228,7 +229,7 @@ def _score(
     start = time.perf_counter()
     kept, sums, kept_mems = progress.resumed() if progress is not None else (0, [], None)
     kept_tokens = float(np.sum(sums[0]["row_count"])) if sums else 0.0
-    mems = None
+    mems, index = None, -1
     first, batches = _peek(batches)
     for index, block in enumerate(_blocks(batches, segments_per_call(first["weights"].size))):
         if index < kept:
@@ -245,8 +246,8 @@ def _score(
             sums = progress.keep(index + 1, sums, mems)
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
-    if progress is not None:
-        progress.done()
+    if progress is not None and index >= kept:  # the whole pass, until the caller stores it
+        sums = progress.keep(index + 1, sums, mems)
     total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0] if "position" in k}
     window_loss, window_count = _windows(sums, by_row)
     total_count = float(window_count.sum())
@@ -318,9 +319,11 @@ def evaluate_split(
     max_tokens: int | None = None,
     scored_from: int = 0,
     mesh: jax.sharding.Mesh | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """``evaluate`` on a split of ``config.data`` with ``settings`` (default
-    ``EvalSettings.of(config)``), scoring the targets from offset ``scored_from`` of each segment."""
+    ``EvalSettings.of(config)``), scoring the targets from offset ``scored_from`` of each segment;
+    ``progress``: as ``evaluate``'s."""
     settings = settings or EvalSettings.of(config)
     stream = data_lib.open_data(config.data, split)
     data_lib.check_vocab_size(stream, config.model.vocab_size)
@@ -333,6 +336,7 @@ def evaluate_split(
         max_tokens=max_tokens,
         scored_from=scored_from,
         mesh=mesh,
+        progress=progress,
     )
 
 
@@ -349,9 +353,10 @@ def restore_model(config: Any, workdir) -> tuple[TransformerLM, Config, int]:
     return nnx.merge(graphdef, restored), cfg, step
 
 
-def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
+def run_eval(model: TransformerLM, config: Config, splits, progress=None) -> dict[str, Any]:
     """Every token of each split once, with ``EvalSettings.of(config)``; the settings go in the
-    results beside the scores."""
+    results beside the scores. ``progress``: ``{split: PassProgress}`` where each split's pass is
+    kept as it goes (``eval_results.split_progress``)."""
     settings = EvalSettings.of(config)
     results: dict[str, Any] = {"settings": dataclasses.asdict(settings)}
     try:
@@ -364,5 +369,8 @@ def run_eval(model: TransformerLM, config: Config, splits) -> dict[str, Any]:
             mem_len=settings.mem_len,
         )  # fmt: skip
     for split in splits:
-        results[split] = evaluate_split(model, config, split, settings=settings, mesh=mesh)
+        kept = (progress or {}).get(split)
+        results[split] = evaluate_split(
+            model, config, split, settings=settings, mesh=mesh, progress=kept
+        )
     return results

@@ -1,6 +1,7 @@
 """A stopped evaluation pass goes on where it stopped (``relpos_jax.eval_progress``): the same
-result, bit for bit, as one pass, scoring only the blocks that were not kept; a file kept for another
-pass, or one that cannot be read, is ignored."""
+result, bit for bit, as one pass, scoring only the blocks that were not kept, and a pass that ended
+but whose result was not stored yet scores nothing again; a file kept for another pass, or one that
+cannot be read, is ignored."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -73,10 +74,15 @@ def test_a_stopped_pass_goes_on_where_it_stopped_to_the_same_result(
     resumed = score(model, PassProgress(path, "this pass"))
     assert len(calls) == every_block - 3 and every_block > 3
     _same(resumed, reference)
-    assert not path.exists()  # the pass ended: nothing left to take up
+    # kept whole at its end, until the caller has stored the result: stopped before, nothing lost
+    assert PassProgress(path, "this pass").resumed()[0] == every_block
+    calls.clear()
+    _same(score(model, PassProgress(path, "this pass")), reference)
+    assert not calls
+    PassProgress(path, "this pass").done()
+    assert not path.exists()
     # kept after every block all the way: the same again
     _same(score(model, PassProgress(path, "this pass", every_s=0)), reference)
-    assert not path.exists()
 
 
 def _batches(protocol: str):

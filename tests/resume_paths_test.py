@@ -103,5 +103,6 @@ def test_an_evaluation_killed_mid_way_says_in_its_first_line_that_it_restarts(ti
     first = again.stdout.splitlines()[0]
     assert first.startswith("restarting the evaluation from the first token: the one started")
     assert (workdir / "eval.json").exists() and not (workdir / "eval.running").exists()
+    assert not list(workdir.glob("eval_*.progress.npz"))  # the passes' progress, gone once saved
     recorded = json.loads((workdir / "eval.json").read_text())["data"]  # what sweeps reuse it by
     assert recorded == {"name": "text", "partition": "dedup", "python": None}

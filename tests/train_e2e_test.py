@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from relpos_jax.config import ConfigError, MeshConfig
-from relpos_jax.eval_results import load_windows
+from relpos_jax.eval_results import going_on, load_windows, split_progress
 from relpos_jax.evaluate import restore_model, run_eval
 from relpos_jax.train import Trainer
 from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
 
 
 @pytest.mark.slow
-def test_train_resume_and_evaluate(tiny, tmp_path):
+def test_train_resume_and_evaluate(tiny, tmp_path, monkeypatch):
     config, _ = tiny
     straight = Trainer(config, tmp_path / "straight").run()
     assert straight["step"] == 8 and np.isfinite(straight["valid_bpc"])
@@ -45,9 +45,52 @@ def test_train_resume_and_evaluate(tiny, tmp_path):
         == (text_len - int(text_len * 0.9)) - 2
     )
     assert results["valid"]["bpc"] < 8.0  # better than uniform over bytes
+    _stopped_and_run_again_evaluates_the_same(model, cfg, step, tmp_path / "resumed", results,
+                                              monkeypatch)  # fmt: skip
     # trained on a mesh this machine does not have (8 data devices): evaluated all the same
     elsewhere = run_eval(model, dataclasses.replace(cfg, mesh=MeshConfig(data=8)), ["valid"])
     assert elsewhere["valid"]["bpc"] == pytest.approx(results["valid"]["bpc"], rel=1e-6)
+
+
+def _stopped_and_run_again_evaluates_the_same(model, cfg, step, workdir, results, monkeypatch):
+    """eval.py's passes kept as they go (``split_progress``, here after every call): stopped in the
+    valid split's third call and run again, valid goes on from its two calls kept, test from its
+    first token, to the same results bit for bit; each pass kept whole until ``done``."""
+    from relpos_jax import evaluate
+
+    def progress():
+        kept = {s: split_progress(workdir, cfg, s, step) for s in ("valid", "test")}
+        for p in kept.values():
+            p.every_s = 0
+        return kept
+
+    blocks_of = evaluate._blocks
+
+    def stopped_in_the_third_call(batches, size):
+        for index, block in enumerate(blocks_of(batches, size)):
+            if index == 2:
+                raise KeyboardInterrupt
+            yield block
+
+    with monkeypatch.context() as stop:
+        stop.setattr(evaluate, "_blocks", stopped_in_the_third_call)
+        with pytest.raises(KeyboardInterrupt):
+            run_eval(model, cfg, ["valid", "test"], progress())
+    first = going_on("2026-12-08 01:00:00", progress())
+    valid_kept = progress()["valid"].resumed()[1][0]["row_count"].sum()
+    assert first == (
+        f"going on with the evaluation started 2026-12-08 01:00:00: valid after its "
+        f"{int(valid_kept):,} tokens scored, test from the first token"
+    )
+    again = run_eval(model, cfg, ["valid", "test"], progress())
+    for split in ("valid", "test"):
+        assert again[split]["loss"] == results[split]["loss"], split
+        np.testing.assert_array_equal(again[split]["windows"]["bits"],
+                                      results[split]["windows"]["bits"])  # fmt: skip
+        kept = progress()[split]
+        assert kept.path.name == f"eval_{split}.progress.npz" and kept.resumed()[0] > 0
+        kept.done()
+    assert going_on("then", progress()).startswith("restarting the evaluation from the first token")
 
 
 @pytest.mark.slow
