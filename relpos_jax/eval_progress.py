@@ -95,7 +95,7 @@ def restored(template: Any, leaves: list[np.ndarray]) -> Any:
     if [np.shape(x) for x in leaves] != [np.shape(x) for x in target]:
         raise ValueError("eval_progress: the kept memory does not match this pass's")
     dtypes = [t.dtype if hasattr(t, "dtype") else type(t) for t in target]
-    values = [np.asarray(x).astype(d) for x, d in zip(leaves, dtypes, strict=True)]
+    values = [jnp.asarray(x, dtype=d) for x, d in zip(leaves, dtypes, strict=True)]  # on device
     return jax.tree.unflatten(jax.tree.structure(template), values)
 
 
