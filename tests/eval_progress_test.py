@@ -11,7 +11,7 @@ from relpos_jax import eval_progress
 from relpos_jax import evaluate as evaluate_lib
 from relpos_jax.data import pipeline
 from relpos_jax.eval_progress import PassProgress
-from tests.helpers import tiny_model
+from tests.helpers import evaluation_stopped_before_call, tiny_model
 
 TOKENS = np.random.default_rng(3).integers(0, 256, 700)
 PASSES = {  # 2 rows of 349 targets in 22 segments of 16 (memory 24); 43 sliding windows of 32
@@ -24,23 +24,6 @@ PASSES = {  # 2 rows of 349 targets in 22 segments of 16 (memory 24); 43 sliding
         progress=progress,
     ),
 }  # fmt: skip
-
-
-class Stopped(Exception):
-    pass
-
-
-def _stopping_after(blocks: int):
-    """``evaluate._blocks``, stopping the pass (as a kill would) before its block ``blocks``."""
-    blocks_of = evaluate_lib._blocks
-
-    def stopping(batches, size):
-        for index, block in enumerate(blocks_of(batches, size)):
-            if index == blocks:
-                raise Stopped
-            yield block
-
-    return stopping
 
 
 def _same(result, reference):
@@ -61,10 +44,8 @@ def test_a_stopped_pass_goes_on_where_it_stopped_to_the_same_result(
     calls = []
     counted = evaluate_lib.score_segments
     monkeypatch.setattr(evaluate_lib, "score_segments", lambda *a: calls.append(1) or counted(*a))
-    with monkeypatch.context() as stop:  # kept after each block; stopped before the fourth
-        stop.setattr(evaluate_lib, "_blocks", _stopping_after(3))
-        with pytest.raises(Stopped):
-            score(model, PassProgress(path, "this pass", every_s=0))
+    with evaluation_stopped_before_call(monkeypatch, 3):  # kept after each call
+        score(model, PassProgress(path, "this pass", every_s=0))
     assert path.is_file() and len(calls) == 3
     blocks, sums, _ = PassProgress(path, "this pass").resumed()
     assert blocks == 3 and len(sums) == 1 and sums[0]["row_loss"].shape[0] == 3 * 4

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import subprocess
 import sys
 
+import pytest
 from flax import nnx
 
 from relpos_jax import TransformerLM
@@ -124,3 +126,23 @@ def assert_dropout_gradient_is_the_forwards(model, tokens, mems, moves: float) -
     up, down = (loss(jax.tree.map(f, params, step), rest) for f in (jnp.add, jnp.subtract))
     np.testing.assert_allclose((up - down) / 2e-2, norm, rtol=2e-2)
     assert abs(float(loss(params, rest)) - float(loss(params, rest, deterministic=True))) > moves
+
+
+@contextlib.contextmanager
+def evaluation_stopped_before_call(monkeypatch, call: int):
+    """Inside it, an evaluation pass stops before its compiled call ``call`` (from 0) as a kill
+    would stop it: ``evaluate._blocks`` raises ``KeyboardInterrupt`` there, which it expects."""
+    from relpos_jax import evaluate
+
+    blocks_of = evaluate._blocks
+
+    def stopping(batches, size):
+        for index, block in enumerate(blocks_of(batches, size)):
+            if index == call:
+                raise KeyboardInterrupt
+            yield block
+
+    with monkeypatch.context() as patched:
+        patched.setattr(evaluate, "_blocks", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            yield

@@ -16,7 +16,7 @@ from relpos_jax.config import ConfigError, MeshConfig
 from relpos_jax.eval_results import going_on, load_windows, split_progress
 from relpos_jax.evaluate import restore_model, run_eval
 from relpos_jax.train import Trainer
-from tests.helpers import ROOT, logged_losses, run_cli, tiny_flags
+from tests.helpers import ROOT, evaluation_stopped_before_call, logged_losses, run_cli, tiny_flags
 
 
 @pytest.mark.slow
@@ -56,7 +56,6 @@ def _stopped_and_run_again_evaluates_the_same(model, cfg, step, workdir, results
     """eval.py's passes kept as they go (``split_progress``, here after every call): stopped in the
     valid split's third call and run again, valid goes on from its two calls kept, test from its
     first token, to the same results bit for bit; each pass kept whole until ``done``."""
-    from relpos_jax import evaluate
 
     def progress():
         kept = {s: split_progress(workdir, cfg, s, step) for s in ("valid", "test")}
@@ -64,18 +63,8 @@ def _stopped_and_run_again_evaluates_the_same(model, cfg, step, workdir, results
             p.every_s = 0
         return kept
 
-    blocks_of = evaluate._blocks
-
-    def stopped_in_the_third_call(batches, size):
-        for index, block in enumerate(blocks_of(batches, size)):
-            if index == 2:
-                raise KeyboardInterrupt
-            yield block
-
-    with monkeypatch.context() as stop:
-        stop.setattr(evaluate, "_blocks", stopped_in_the_third_call)
-        with pytest.raises(KeyboardInterrupt):
-            run_eval(model, cfg, ["valid", "test"], progress())
+    with evaluation_stopped_before_call(monkeypatch, 2):
+        run_eval(model, cfg, ["valid", "test"], progress())
     first = going_on("2026-12-08 01:00:00", progress())
     valid_kept = progress()["valid"].resumed()[1][0]["row_count"].sum()
     assert first == (

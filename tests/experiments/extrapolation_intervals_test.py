@@ -22,6 +22,7 @@ from experiments import (
     sweep,
 )
 from relpos_jax.analysis import bootstrap
+from tests.helpers import evaluation_stopped_before_call
 
 T, W = 8, 200  # tokens a window, windows
 INTERVAL = r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]"
@@ -247,18 +248,8 @@ def test_a_cell_stopped_while_scored_goes_on_from_its_kept_blocks(tiny, tmp_path
         return extrapolation_scoring.score(run, labels, [8, 16], args)["alibi"]
 
     once = scored(tmp_path / "once")
-    blocks_of = evaluate._blocks
-
-    def stopped_at_the_second_block(batches, size):
-        for index, block in enumerate(blocks_of(batches, size)):
-            if index == 1:
-                raise KeyboardInterrupt
-            yield block
-
-    with monkeypatch.context() as stop:
-        stop.setattr(evaluate, "_blocks", stopped_at_the_second_block)
-        with pytest.raises(KeyboardInterrupt):
-            scored(tmp_path / "stopped")
+    with evaluation_stopped_before_call(monkeypatch, 1):
+        scored(tmp_path / "stopped")
     (kept,) = (tmp_path / "stopped").glob("extrapolation_pass_*.npz")
     with np.load(kept) as arrays:
         cell = json.loads(str(arrays["key"]))
