@@ -33,6 +33,7 @@ from experiments import sweep
 from experiments.extrapolation_tables import PROTOCOLS
 from relpos_jax.config import load_config
 from relpos_jax.eval_progress import PassProgress
+from relpos_jax.files import replace_whole
 from relpos_jax.positions.rope_stretch import STRETCHES, stretched, yarn_betas
 
 ROPE_EXTENSIONS = STRETCHES  # each applied at evaluation: rows rope+linear, rope+ntk, …
@@ -192,9 +193,9 @@ class _Cells:
                     arrays[f"{name}.tokens"] = np.asarray(w["tokens"], np.int64)
                     self._cell(layouts, label, protocol)[length] = w["layout"]
         if arrays:
-            sweep.replace_whole(windows_file, lambda f: np.savez_compressed(f, **arrays))
+            replace_whole(windows_file, lambda f: np.savez_compressed(f, **arrays))
         text = json.dumps({"key": self.key, "bpc": self.bpc, "windows": layouts}, indent=1) + "\n"
-        sweep.replace_whole(cache, lambda f: f.write(text.encode()))
+        replace_whole(cache, lambda f: f.write(text.encode()))
 
     def scored(self, label: str, lengths: set[str]) -> Scored:
         """``label``'s cells at ``lengths``."""

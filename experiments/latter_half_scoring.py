@@ -20,6 +20,7 @@ from bench.measure import ROOT
 from experiments import sweep
 from experiments.recl import trained
 from relpos_jax.config import load_config
+from relpos_jax.files import replace_whole
 
 FILE = "latter_half.npz"
 
@@ -41,7 +42,7 @@ def windows(run: sweep.Run) -> dict | None:
                     "layout": str(kept["layout"]),
                 }
     found = _measure(run)
-    sweep.replace_whole(path, lambda f: np.savez_compressed(
+    replace_whole(path, lambda f: np.savez_compressed(
         f, bits=found["bits"], tokens=found["tokens"], layout=found["layout"],
         trained=json.dumps(measured),
     ))  # fmt: skip

@@ -45,6 +45,7 @@ from experiments import compare, probe_solved, sweep
 from experiments.common import PROBE_SCHEMES
 from experiments.probe_solved import label
 from relpos_jax.config import Config, load_config
+from relpos_jax.files import replace_whole
 
 CONDITIONS = ("memory", "in_segment", "no_memory")
 
@@ -112,7 +113,7 @@ def score(
         reachable_only=reachable_only,
     )  # fmt: skip
     text = json.dumps(curve, indent=1) + "\n"
-    sweep.replace_whole(cache, lambda f: f.write(text.encode()))
+    replace_whole(cache, lambda f: f.write(text.encode()))
     return curve
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import pathlib
 import shlex
 import subprocess
@@ -332,15 +331,6 @@ def commits_lines(settings: dict, runs: Sequence[dict], name, seed=None) -> list
             f"Reused from the JSON of commit {commit}{f' ({at})' if at else ''}: {listed}."
         )
     return lines
-
-
-def replace_whole(path: pathlib.Path, write) -> None:
-    """``path`` as ``write(file)`` writes it: into a temporary file beside it, then renamed into
-    place, so that a stopped process leaves the old file or the new one, never half of one."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("wb") as f:
-        write(f)
-    os.replace(temporary, path)
 
 
 def write(path: pathlib.Path, results: dict) -> None:

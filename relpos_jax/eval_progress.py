@@ -18,7 +18,6 @@ seconds, and it is kept once, at its end.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import time
 import zipfile
@@ -27,6 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from relpos_jax.files import replace_whole
 
 EVERY_S = 60.0
 """Seconds between two writes of a pass's progress (a stop loses at most this much scoring)."""
@@ -65,10 +66,10 @@ class PassProgress:
         arrays = {f"sums.{k}": v for k, v in merged.items()}
         leaves = jax.tree.leaves(mems)
         arrays |= {f"mems.{i}": _host(leaf) for i, leaf in enumerate(leaves)}
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with temporary.open("wb") as f:
-            np.savez(f, key=np.array(self.key), blocks=np.array(blocks), **arrays)
-        os.replace(temporary, self.path)
+        replace_whole(
+            self.path,
+            lambda f: np.savez(f, key=np.array(self.key), blocks=np.array(blocks), **arrays),
+        )
         self._last = time.monotonic()
         return [merged]
 
