@@ -123,8 +123,8 @@ def _stored(workdir: pathlib.Path, key: dict) -> tuple[dict, pathlib.Path]:
 def pass_progress(workdir: pathlib.Path, cell: dict) -> PassProgress:
     """Where the pass that scores one cell keeps its progress until the cell is kept: a file of
     its own beside the run's cells, named by ``cell`` (the scoring settings, the row, protocol and
-    length, the checkpoint's step, the attention and batch), which a pass goes on from only if all
-    of them are the same."""
+    length, the checkpoint's step and the attention), which a pass goes on from only if all of
+    them, and the calls it is cut into, are the same."""
     name = json.dumps(cell, sort_keys=True)
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
     return PassProgress(workdir / f"extrapolation_pass_{digest}.npz", name)
@@ -212,12 +212,7 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
     kept in the run's folder as soon as it is measured (``_Cells``), so a stopped sweep goes on
     from the next; ``--scored-only`` measures nothing."""
     from relpos_jax import data
-    from relpos_jax.evaluate import (
-        SEGMENTS_PER_CALL,
-        TOKENS_PER_CALL,
-        restore_model,
-        with_config,
-    )
+    from relpos_jax.evaluate import restore_model, with_config
 
     cells = _Cells(run.workdir, scoring_key(args))
     own = labels[0][0]
@@ -255,8 +250,6 @@ def score(run: sweep.Run, labels, lengths: list[int], args) -> dict[str, Scored]
                 "length": n,
                 "step": step,
                 "attention": impl,
-                "batch_tokens": args.batch_tokens,
-                "a_call": [SEGMENTS_PER_CALL, TOKENS_PER_CALL],  # segments, tokens
             }
             scored_model = with_config(model, model_config)
             start, measured = time.perf_counter(), {}

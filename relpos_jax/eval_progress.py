@@ -6,8 +6,9 @@ the number of blocks done and the memory after them, to one file (written whole,
 into place) at most every ``every_s`` seconds, and once more at its end; a pass started again with
 the same file and ``key`` skips the blocks kept there and goes on from their sums and memory: the
 same result, bit for bit, as one pass (the sums are kept in float64 and added in the same order).
-``key`` names the pass (model, data and settings: the caller's to say); a file with another key, or
-one that cannot be read, is ignored. The caller removes the file (``done``) once it has stored the
+``key`` names the pass (model, data and settings: the caller's to say), ``calls`` how ``evaluate``
+cut it into calls (segments a call and their shape: its own to say); a file with another key or
+other calls, or one that cannot be read, is ignored. The caller removes the file (``done``) once it has stored the
 result, so that a stop in between loses nothing. One process: a pass whose rows are split over
 processes keeps nothing.
 
@@ -42,12 +43,13 @@ class PassProgress:
     every_s: float = EVERY_S
     _last: float = dataclasses.field(default_factory=time.monotonic, init=False)
 
-    def resumed(self) -> tuple[int, list[dict], list[np.ndarray] | None]:
+    def resumed(self, calls: str | None = None) -> tuple[int, list[dict], list[np.ndarray] | None]:
         """What the file keeps for this pass: (blocks done, their sums as one block in a list, the
-        memory's leaves after them); ``(0, [], None)`` where there is none for this ``key``."""
+        memory's leaves after them); ``(0, [], None)`` where there is none for this ``key`` and,
+        unless None, these ``calls``."""
         try:
             with np.load(self.path) as kept:
-                if str(kept["key"]) != self.key:
+                if str(kept["key"]) != self.key or calls not in (None, str(kept["calls"])):
                     return 0, [], None
                 sums = {k.removeprefix("sums."): kept[k] for k in kept.files if k[:5] == "sums."}
                 leaves = sorted((k for k in kept.files if k[:5] == "mems."), key=_leaf_index)
@@ -59,17 +61,14 @@ class PassProgress:
         """Whether ``every_s`` seconds have passed since the pass began or was last kept."""
         return time.monotonic() - self._last >= self.every_s
 
-    def keep(self, blocks: int, sums: list[dict], mems: Any) -> list[dict]:
-        """Writes the sums of the first ``blocks`` blocks (``sums``: one dict a block, or merged)
-        and the memory after them; -> the sums merged as one block, to go on adding to."""
+    def keep(self, blocks: int, sums: list[dict], mems: Any, calls: str) -> list[dict]:
+        """Writes the sums of the first ``blocks`` calls (``sums``: one dict a call, or merged) of
+        these ``calls`` and the memory after them; -> the sums merged as one, to go on adding to."""
         merged = merge(sums)
-        arrays = {f"sums.{k}": v for k, v in merged.items()}
-        leaves = jax.tree.leaves(mems)
-        arrays |= {f"mems.{i}": _host(leaf) for i, leaf in enumerate(leaves)}
-        replace_whole(
-            self.path,
-            lambda f: np.savez(f, key=np.array(self.key), blocks=np.array(blocks), **arrays),
-        )
+        arrays = {"key": np.array(self.key), "calls": np.array(calls), "blocks": np.array(blocks)}
+        arrays |= {f"sums.{k}": v for k, v in merged.items()}
+        arrays |= {f"mems.{i}": _host(leaf) for i, leaf in enumerate(jax.tree.leaves(mems))}
+        replace_whole(self.path, lambda f: np.savez(f, **arrays))
         self._last = time.monotonic()
         return [merged]
 

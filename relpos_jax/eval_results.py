@@ -79,7 +79,6 @@ def split_progress(workdir, config: Config, split: str, step: int) -> PassProgre
         "settings": dataclasses.asdict(evaluate.EvalSettings.of(config)),
         "model": dataclasses.asdict(config.model),
         "data": [config.data.name, config.data.partition, config.data.corpus_python],
-        "a_call": [evaluate.SEGMENTS_PER_CALL, evaluate.TOKENS_PER_CALL],
         "devices": jax.device_count(),
     }  # fmt: skip
     name = json.dumps(key, sort_keys=True, default=str)

@@ -216,8 +216,8 @@ def _score(
     and the memory's, are split over the batch axes when they divide them (else the batch is
     replicated): one CPU device per core (``cpu_devices``) then runs evaluation on every core.
     The windows (``_windows``) are each batch row's sums, batch by batch, or ``by_row``. With a
-    ``progress`` (``PassProgress``, one process), the blocks it kept are skipped and their sums and
-    memory taken up, the sums and memory so far are kept whenever it is ``due`` and at the end: the
+    ``progress`` (``PassProgress``, one process) of these calls, the blocks it kept are skipped and
+    their sums and memory taken up, the sums and memory so far are kept whenever it is ``due`` and at the end: the
     caller removes them (``done``) once it has stored the result."""
     graphdef, state = nnx.split(model)
     if mesh is not None and jax.process_count() > 1:
@@ -227,11 +227,13 @@ def _score(
     if jax.process_count() > 1:
         progress = None
     start = time.perf_counter()
-    kept, sums, kept_mems = progress.resumed() if progress is not None else (0, [], None)
+    first, batches = _peek(batches)
+    per_call = segments_per_call(first["weights"].size)
+    calls = f"{per_call} segments of {first['weights'].shape} a call"
+    kept, sums, kept_mems = progress.resumed(calls) if progress is not None else (0, [], None)
     kept_tokens = float(np.sum(sums[0]["row_count"])) if sums else 0.0
     mems, index = None, -1
-    first, batches = _peek(batches)
-    for index, block in enumerate(_blocks(batches, segments_per_call(first["weights"].size))):
+    for index, block in enumerate(_blocks(batches, per_call)):
         if index < kept:
             continue
         if mems is None:
@@ -243,11 +245,11 @@ def _score(
             block_sums, mems = score_segments(graphdef, state, block, mems)
         sums.append(block_sums)
         if progress is not None and progress.due():
-            sums = progress.keep(index + 1, sums, mems)
+            sums = progress.keep(index + 1, sums, mems, calls)
         if len(sums) > 2:
             jax.block_until_ready(sums[-3])
     if progress is not None and index >= kept:  # the whole pass, until the caller stores it
-        sums = progress.keep(index + 1, sums, mems)
+        sums = progress.keep(index + 1, sums, mems, calls)
     total = {k: sum(np.asarray(s[k], np.float64) for s in sums) for k in sums[0] if "position" in k}
     window_loss, window_count = _windows(sums, by_row)
     total_count = float(window_count.sum())

@@ -76,10 +76,14 @@ def _batches(protocol: str):
 def test_progress_kept_for_another_pass_or_unreadable_is_ignored(tmp_path):
     path = tmp_path / "pass.npz"
     sums = [{"row_loss": np.ones((2, 3)), "position_loss": np.ones(4)}]
-    merged = PassProgress(path, "at 64", every_s=0).keep(1, sums, {"k": np.zeros((2, 5))})
+    merged = PassProgress(path, "at 64", every_s=0).keep(
+        1, sums, {"k": np.zeros((2, 5))}, "2 a call"
+    )
     assert merged[0]["row_loss"].dtype == np.float64
     assert PassProgress(path, "at 64").resumed()[0] == 1
+    assert PassProgress(path, "at 64").resumed("2 a call")[0] == 1
     assert PassProgress(path, "at 128").resumed() == (0, [], None)
+    assert PassProgress(path, "at 64").resumed("4 a call") == (0, [], None)  # cut otherwise
     path.write_bytes(b"half a file")
     assert PassProgress(path, "at 64").resumed() == (0, [], None)
     PassProgress(path, "at 64").done()
@@ -103,7 +107,7 @@ def test_blocks_merge_as_evaluate_adds_them():
 def test_a_kept_memory_comes_back_exactly_in_its_own_dtype(tmp_path):
     memory = {"keys": jnp.linspace(-3, 3, 24, dtype=jnp.bfloat16).reshape(2, 12), "steps": 7}
     path = tmp_path / "pass.npz"
-    PassProgress(path, "k").keep(1, [{"row_loss": np.zeros((1, 2))}], memory)
+    PassProgress(path, "k").keep(1, [{"row_loss": np.zeros((1, 2))}], memory, "1 a call")
     _, _, leaves = PassProgress(path, "k").resumed()
     back = eval_progress.restored({"keys": jnp.zeros((2, 12), jnp.bfloat16), "steps": 0}, leaves)
     assert back["keys"].dtype == jnp.bfloat16 and back["steps"] == 7
